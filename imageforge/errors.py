@@ -1,0 +1,72 @@
+"""Every error a user can cause ends here: one sentence, one exit code, no traceback.
+
+tasks.py catches FatalError in one place and turns it into ``invoke.Exit(msg, code)``.
+"""
+
+from __future__ import annotations
+
+
+class FatalError(Exception):
+    """Root of user-facing errors. The message says what is wrong and what to do."""
+
+    return_code = 1
+
+
+class ManifestError(FatalError):
+    """A manifest file, a --set override or a lock file is invalid."""
+
+    return_code = 2
+
+
+class CompatibilityError(FatalError):
+    """A combination of versions that is known not to work."""
+
+    return_code = 3
+
+
+class SourceError(FatalError):
+    """A source could not be downloaded, or its bytes are not the pinned ones."""
+
+    return_code = 4
+
+
+class ChecksumError(SourceError):
+    """Downloaded bytes do not match the pinned sha256."""
+
+    return_code = 5
+
+
+class DockerError(FatalError):
+    """Docker, BuildKit or buildx is missing, stopped or misconfigured."""
+
+    return_code = 6
+
+
+class BuildError(FatalError):
+    """A stage failed to build."""
+
+    return_code = 7
+
+
+class LockError(FatalError):
+    """The lock file is missing, stale or disagrees with upstream."""
+
+    return_code = 8
+
+
+class CacheError(FatalError):
+    """The artifact cache is unusable (corrupt beyond repair, unwritable)."""
+
+    return_code = 9
+
+
+class ImageCheckError(FatalError):
+    """A smoke check inside a built image failed."""
+
+    return_code = 10
+
+
+class Interrupted(FatalError):
+    """The user (or CI) stopped the run with SIGINT/SIGTERM."""
+
+    return_code = 130
