@@ -1,0 +1,40 @@
+"""Small builders for Dockerfile text, so stage modules never hand-format quoting."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+
+
+def sh(*words: str) -> str:
+    """A shell command line with every word quoted where needed."""
+    return shlex.join(words)
+
+
+def run(*commands: str, mounts: Iterable[str] = ()) -> str:
+    """One RUN instruction chaining `commands` with && (each on its own line)."""
+    prefix = "".join(f"--mount={m} " for m in mounts)
+    body = " \\\n    && ".join(commands)
+    return f"RUN {prefix}\\\n    {body}" if prefix else f"RUN {body}"
+
+
+def bind(context: str, target: str, *, rw: bool = False) -> str:
+    """A bind mount of a named build context (a fetched source)."""
+    return f"type=bind,from={context},target={target}" + (",rw" if rw else "")
+
+
+def env_line(variables: Mapping[str, str]) -> str:
+    """ENV with double-quoted values; values are validated upstream to hold no quotes,
+    backslashes or newlines, and '$' only where the engine itself writes a reference."""
+    pairs = " \\\n    ".join(f'{k}="{v}"' for k, v in variables.items())
+    return f"ENV {pairs}"
+
+
+def apt_install(packages: Iterable[str]) -> str:
+    pkgs = sorted(set(packages))
+    return run(
+        "apt-get update",
+        sh("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y",
+           "--no-install-recommends", *pkgs),
+        "rm -rf /var/lib/apt/lists/*",
+    )

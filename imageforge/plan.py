@@ -1,0 +1,119 @@
+"""manifest -> resolved inputs -> ordered stages with keys. Pure: no Docker, no network.
+
+The key of a stage is sha256 over a canonical JSON of exactly: its name, its rendered recipe
+text, its resolved inputs, the base image reference and digest, the platform and the keys
+of its dependencies (shared/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from imageforge.dag import closure, direct_deps
+from imageforge.errors import LockError, ManifestError
+from imageforge.manifest import Manifest
+from imageforge.render import render_stage
+from imageforge.sources import Source
+from imageforge.stage import Context, Stage
+
+Status = Literal["cached", "remote", "build"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannedStage:
+    name: str
+    deps: tuple[str, ...]
+    key: str
+    inputs: Mapping[str, Any]
+    recipe: str
+    sources: tuple[Source, ...]
+    status: Status = "build"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    target: str
+    manifest: Manifest
+    stages: tuple[PlannedStage, ...]
+    context: Context
+
+    def stage(self, name: str) -> PlannedStage:
+        return next(s for s in self.stages if s.name == name)
+
+    @property
+    def key(self) -> str:
+        return self.stage(self.target).key
+
+    def sources(self) -> list[Source]:
+        return [src for stage in self.stages for src in stage.sources]
+
+    def to_json(self, manifest_label: str) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "manifest": manifest_label,
+            "stages": [
+                {"name": s.name, "deps": list(s.deps), "key": s.key, "status": s.status,
+                 "inputs": dict(s.inputs)}
+                for s in self.stages
+            ],
+        }
+
+
+def stage_inputs(manifest: Manifest, stage: Stage, target: str) -> dict[str, Any]:
+    """The manifest's values for `stage`, or its defaults when it has no table."""
+    if manifest.has_stage(stage.name):
+        values = dict(manifest.stages[stage.name])
+    else:
+        missing = [k for k, f in stage.fields.items() if f.required]
+        if missing:
+            raise ManifestError(
+                f"{manifest.path}: target {target!r} needs stage {stage.name!r}, which has no "
+                f"[stages.{stage.name}] table; add one with at least: {', '.join(missing)}.")
+        values = {k: f.default for k, f in stage.fields.items()}
+    if stage.name == "python" and not values.get("version"):
+        values["version"] = manifest.image["python"]
+    if values.get("version") == "auto":
+        raise LockError(f"{manifest.path}: stages.{stage.name}.version = \"auto\" must be "
+                        "resolved first; run `invoke lock`.")
+    return values
+
+
+def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
+              statuses: Mapping[str, Status] | None = None) -> Plan:
+    names = closure(target, registry)
+    inputs = {name: stage_inputs(manifest, registry[name], target) for name in names}
+    context = Context(image=manifest.image, stages=inputs)
+    keys: dict[str, str] = {}
+    planned: list[PlannedStage] = []
+    for name in names:
+        stage = registry[name]
+        recipe = render_stage(stage, context, registry)
+        deps = direct_deps(stage)
+        keys[name] = stage_key(
+            name=name, recipe=recipe, inputs=inputs[name], manifest=manifest,
+            dep_keys={d: keys[d] for d in deps},
+        )
+        planned.append(PlannedStage(
+            name=name, deps=deps, key=keys[name], inputs=inputs[name], recipe=recipe,
+            sources=tuple(stage.sources(context)),
+            status=(statuses or {}).get(keys[name], "build"),
+        ))
+    return Plan(target=target, manifest=manifest, stages=tuple(planned), context=context)
+
+
+def stage_key(*, name: str, recipe: str, inputs: Mapping[str, Any], manifest: Manifest,
+              dep_keys: Mapping[str, str]) -> str:
+    document = {
+        "stage": name,
+        "recipe": recipe,
+        "inputs": inputs,
+        "base": {"ref": manifest.image["base"], "digest": manifest.image.get("base_digest")},
+        "platform": manifest.image["platform"],
+        "deps": dict(sorted(dep_keys.items())),
+    }
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

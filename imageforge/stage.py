@@ -1,0 +1,119 @@
+"""What a stage module declares, and what the engine hands it when rendering.
+
+A stage is data plus two pure functions: `sources(ctx)` lists what must be fetched on the
+host, `recipe(ctx)` returns the Dockerfile instructions that follow its FROM and COPY lines.
+Builder stages install into /out (a DESTDIR) so consumers copy only what the stage made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from imageforge.sources import GitSource, Source, UrlSource
+from imageforge.validate import Kind
+
+Inputs = Mapping[str, Any]
+
+EXPORT_ROOT = "/out"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Field:
+    """One key of a `[stages.<name>]` table."""
+
+    kind: Kind
+    help: str
+    default: Any = None
+    required: bool = False
+    # Extra literal values accepted besides the pattern (e.g. "auto" for nccl.version).
+    literals: tuple[str, ...] = ()
+    # When set, the only values allowed.
+    choices: tuple[str, ...] = ()
+    # Values only the lock file fills in are not part of the manifest's required set.
+    locked: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Context:
+    """Everything a stage may read while rendering: the image settings and resolved inputs."""
+
+    image: Inputs
+    stages: Mapping[str, Inputs]
+
+    def of(self, stage: str) -> Inputs:
+        return self.stages[stage]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Stage:
+    """A stage module's declaration. `deps` are the true build dependencies."""
+
+    name: str
+    doc: str
+    deps: tuple[str, ...]
+    fields: Mapping[str, Field]
+    recipe: Callable[[Context], str]
+    # Stage this one is built FROM; None means the manifest's base image itself.
+    parent: str | None = "base"
+    sources: Callable[[Context], Sequence[Source]] = lambda ctx: ()
+    # Paths other stages copy out of this one; EXPORT_ROOT is copied onto "/".
+    exports: tuple[str, ...] = (EXPORT_ROOT,)
+    # Path-like variables this stage adds to images that contain it (PATH, LD_LIBRARY_PATH).
+    env_paths: Callable[[Context], Mapping[str, Sequence[str]]] = lambda ctx: {}
+    # Plain variables this stage sets in images that contain it.
+    env: Callable[[Context], Mapping[str, str]] = lambda ctx: {}
+    # True for stages that are whole images (efa-nccl, smddp): they get the image env.
+    image: bool = False
+
+
+def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:
+    """The single-file source of a stage whose manifest table has url/sha256."""
+    url = str(inputs["url"])
+    return UrlSource(
+        name=f"src-{stage}{suffix}",
+        url=url,
+        sha256=inputs.get("sha256"),
+        filename=filename_of(url),
+    )
+
+
+def git_source(stage: str, inputs: Inputs, *, submodules: tuple[str, ...] | bool = False) -> GitSource:
+    return GitSource(
+        name=f"src-{stage}",
+        repo=str(inputs["repo"]),
+        ref=str(inputs["ref"]),
+        commit=inputs.get("commit"),
+        submodules=submodules,
+    )
+
+
+def filename_of(url: str) -> str:
+    """The file name a URL is saved under: its last path segment, or the one before a
+    trailing `/download` (sourceforge-style links)."""
+    path = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    parts = [p for p in path.split("/") if p]
+    if len(parts) > 1 and parts[-1] == "download":
+        return parts[-2]
+    return parts[-1]
+
+
+def git_fields(*, repo: str, ref: str, what: str) -> dict[str, Field]:
+    """The keys every stage built from a git repository has."""
+    return {
+        "version": Field(kind="version", required=True, help=f"{what} version to build"),
+        "repo": Field(kind="repo", default=repo, help=f"git URL (or mirror path) of {what}"),
+        "ref": Field(kind="ref", default=ref, help="tag or branch; `{version}` is substituted"),
+        "commit": Field(kind="commit", locked=True, help="commit SHA the ref resolved to (lock)"),
+    }
+
+
+def url_fields(*, url: str, what: str) -> dict[str, Field]:
+    """The keys every stage built from one downloaded file has."""
+    return {
+        "version": Field(kind="version", required=True, help=f"{what} version"),
+        "url": Field(kind="url", default=url or None, required=not url,
+                     help="download URL; `{version}` is substituted"),
+        "sha256": Field(kind="sha256", locked=True, help="sha256 of the file (lock)"),
+    }

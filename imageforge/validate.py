@@ -1,0 +1,120 @@
+"""Strict shapes for every manifest value that can reach a shell command or Dockerfile text.
+
+A value is checked here once, when the manifest is loaded; renderers still quote what they
+emit, so a pattern that is too loose is not by itself an injection.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+Kind = Literal[
+    "version", "url", "repo", "ref", "sha256", "commit", "digest", "path", "image",
+    "bool", "int", "arch", "arch_list", "packages", "flags", "args", "name", "text",
+]
+
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]{0,63}")
+# No quotes, whitespace, backslashes, backticks or '$': nothing a shell would interpret.
+_URL = re.compile(r"(https?|file)://[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%{}-]+")
+_PATH_SOURCE = re.compile(r"[A-Za-z0-9._/][A-Za-z0-9._/+@{}-]*")
+_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+{}-]{0,127}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_ABS_PATH = re.compile(r"/[A-Za-z0-9._/+-]*")
+_IMAGE = re.compile(
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+_ARCH = re.compile(r"[0-9]{1,2}\.[0-9](\+PTX)?")
+_PACKAGE = re.compile(r"([A-Za-z0-9_-]+::)?[A-Za-z0-9][A-Za-z0-9._+-]*(\[[A-Za-z0-9,_-]+\])?([<>=!~]=?[A-Za-z0-9.*+,<>=!~-]+)?")
+_FLAG = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_-]*(=[A-Za-z0-9._/+,:=-]+)?")
+_ARG = re.compile(r"(-{1,2})?[A-Za-z0-9][A-Za-z0-9_.-]*(=[A-Za-z0-9._/+,:=-]+)?")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+ALLOWED: Final[dict[str, str]] = {
+    "version": "letters, digits and . _ + - (e.g. 2.10.3 or 1.1.3-aws)",
+    "url": "an https://, http:// or file:// URL or a plain path, without quotes, spaces or $",
+    "repo": "an https://, http:// or file:// git URL or a plain path, not starting with '-'",
+    "ref": "a git tag or branch name (letters, digits, . _ / + -), not starting with '-'",
+    "sha256": "64 lowercase hex digits",
+    "commit": "a full 40-hex-digit git commit SHA",
+    "digest": "an image digest 'sha256:<64 hex digits>'",
+    "path": "an absolute path of letters, digits and . _ / + - without '..'",
+    "image": "an image reference like 'nvidia/cuda:11.3.1-cudnn8-devel-ubuntu20.04'",
+    "bool": "true or false",
+    "int": "a whole number",
+    "arch": "a CUDA compute capability like '8.0' (or '7.0+PTX')",
+    "arch_list": "a list of CUDA compute capabilities like [\"7.0\", \"8.0\"]",
+    "packages": "a list of package specs like [\"numpy\", \"mpi4py==3.0.3\"]",
+    "flags": "a list of command-line flags like [\"--skip-kmod\", \"-g\"]",
+    "args": "a list of arguments like [\"threading=multi\", \"cxxflags=-fPIC\"]",
+    "name": "lowercase letters, digits and . _ -",
+    "text": "one line of text without quotes, backslashes, '$' or backticks",
+}
+
+
+def _full(pattern: re.Pattern[str]) -> Callable[[str], bool]:
+    return lambda value: pattern.fullmatch(value) is not None
+
+
+def _is_source(value: str) -> bool:
+    if value.startswith("-"):
+        return False
+    return bool(_URL.fullmatch(value) or _PATH_SOURCE.fullmatch(value))
+
+
+def _is_path(value: str) -> bool:
+    return bool(_ABS_PATH.fullmatch(value)) and ".." not in value.split("/")
+
+
+def _is_ref(value: str) -> bool:
+    return bool(_REF.fullmatch(value)) and ".." not in value and not value.endswith((".lock", "/"))
+
+
+def _is_text(value: str) -> bool:
+    return not any(c in value for c in "\"'\\$`") and value.isprintable()
+
+
+_STRING_CHECKS: Final[dict[str, Callable[[str], bool]]] = {
+    "version": _full(_VERSION),
+    "url": _is_source,
+    "repo": _is_source,
+    "ref": _is_ref,
+    "sha256": _full(_SHA256),
+    "commit": _full(_COMMIT),
+    "digest": _full(_DIGEST),
+    "path": _is_path,
+    "image": _full(_IMAGE),
+    "arch": _full(_ARCH),
+    "name": _full(_NAME),
+    "text": _is_text,
+}
+
+_LIST_ITEM: Final[dict[str, Callable[[str], bool]]] = {
+    "arch_list": _full(_ARCH),
+    "packages": _full(_PACKAGE),
+    "flags": _full(_FLAG),
+    "args": _full(_ARG),
+}
+
+
+def problem(kind: Kind, value: Any) -> str | None:
+    """Why `value` is not a valid `kind`, or None when it is."""
+    if kind == "bool":
+        return None if isinstance(value, bool) else f"expected {ALLOWED[kind]}"
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return None if ok else f"expected {ALLOWED[kind]}"
+    if kind in _LIST_ITEM:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return f"expected {ALLOWED[kind]}"
+        bad = [v for v in value if not _LIST_ITEM[kind](v)]
+        return f"{bad[0]!r} is not allowed: expected {ALLOWED[kind]}" if bad else None
+    if not isinstance(value, str):
+        return f"expected a string: {ALLOWED[kind]}"
+    if not _STRING_CHECKS[kind](value):
+        return f"{value!r} is not allowed: expected {ALLOWED[kind]}"
+    return None

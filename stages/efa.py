@@ -1,0 +1,79 @@
+"""efa: the AWS EFA installer (libfabric in /opt/amazon/efa, Open MPI in /opt/amazon/openmpi).
+
+Seed commands, unchanged: `tar -xf aws-efa-installer-<v>.tar.gz && cd aws-efa-installer &&
+./efa_installer.sh -y --skip-kmod -g`. The tarball is fetched and verified on the host.
+Image stages are built FROM this stage, because the real installer also installs system
+packages (rdma-core) that a copy of /opt/amazon alone would miss.
+
+# Parameters
+version: installer version (seed 000: 1.11.2, seed 002: 1.14.1).
+url, sha256: the installer tarball.
+flags: installer flags (seed: -y --skip-kmod -g).
+
+# Examples
+```toml
+[stages.efa]
+version = "1.14.1"
+url = "https://efa-installer.amazonaws.com/aws-efa-installer-{version}.tar.gz"
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from imageforge.dockerfile import bind, run, sh
+from imageforge.sources import Source
+from imageforge.stage import Context, Field, Stage, url_fields, url_source
+
+
+def sources(ctx: Context) -> Sequence[Source]:
+    return [url_source("efa", ctx.of("efa"))]
+
+
+def recipe(ctx: Context) -> str:
+    inputs = ctx.of("efa")
+    tarball = url_source("efa", inputs).filename
+    # The real installer installs its packages with apt, which needs package lists.
+    update = ["env DEBIAN_FRONTEND=noninteractive apt-get update"] if ctx.image["apt"] else []
+    return run(
+        *update,
+        "mkdir /tmp/efa",
+        "cd /tmp/efa",
+        sh("tar", "-xf", f"/src/{tarball}"),
+        "cd aws-efa-installer",
+        sh("./efa_installer.sh", *inputs["flags"]),
+        "rm -rf /tmp/efa",
+        *(["rm -rf /var/lib/apt/lists/*"] if update else []),
+        mounts=[bind("src-efa", "/src")],
+    )
+
+
+def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
+    return {
+        "PATH": ["/opt/amazon/openmpi/bin", "/opt/amazon/efa/bin"],
+        "LD_LIBRARY_PATH": ["/opt/amazon/efa/lib", "/opt/amazon/openmpi/lib"],
+    }
+
+
+def env(ctx: Context) -> Mapping[str, str]:
+    # Seed 002: lets processes call fork() with RDMA memory registered (libibverbs).
+    return {"EFA_VERSION": str(ctx.of("efa")["version"]), "RDMAV_FORK_SAFE": "1"}
+
+
+STAGE = Stage(
+    name="efa",
+    doc=__doc__ or "",
+    deps=("base",),
+    fields={
+        **url_fields(url="https://efa-installer.amazonaws.com/aws-efa-installer-{version}.tar.gz",
+                     what="EFA installer"),
+        "flags": Field(kind="flags", default=["-y", "--skip-kmod", "-g"],
+                       help="efa_installer.sh flags"),
+    },
+    sources=sources,
+    recipe=recipe,
+    exports=("/opt/amazon",),
+    env_paths=env_paths,
+    env=env,
+)

@@ -1,0 +1,29 @@
+"""efa-nccl: the image of seed 000: EFA + NCCL + aws-ofi-nccl + nccl-tests.
+
+Built FROM the efa stage; gathers the other stages' exports and sets the environment
+(Open MPI on PATH, libfabric and NCCL on LD_LIBRARY_PATH).
+
+# Examples
+`invoke build --target efa-nccl --manifest manifests/efa-nccl.toml`
+"""
+
+from __future__ import annotations
+
+from imageforge.stage import Context, Stage
+
+
+def recipe(ctx: Context) -> str:
+    # The plugin and nccl-tests were linked against these exact libraries; refresh the
+    # loader cache so /usr/local/lib entries resolve without LD_LIBRARY_PATH too.
+    return "RUN ldconfig"
+
+
+STAGE = Stage(
+    name="efa-nccl",
+    doc=__doc__ or "",
+    deps=("efa", "nccl", "aws-ofi-nccl", "nccl-tests"),
+    parent="efa",
+    image=True,
+    fields={},
+    recipe=recipe,
+)

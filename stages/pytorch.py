@@ -1,0 +1,105 @@
+"""pytorch: PyTorch built from source against the image's NCCL stage.
+
+Seed 002 replaces `third_party/nccl/nccl` with its NCCL checkout; we build with
+`USE_SYSTEM_NCCL=1` and point NCCL_ROOT / NCCL_INCLUDE_DIR / NCCL_LIB_DIR at the nccl stage,
+which has the same effect and cannot silently fall back to the bundled copy. The CUDA arch
+list is `[image] cuda_arch` plus `extra_cuda_arch`, with `+PTX` on `ptx_arch`.
+Installed with `setup.py install --root=/out`, so only PyTorch's files are exported.
+
+# Parameters
+version, repo, ref, commit: the git source (ref defaults to `v{version}`).
+submodules: fetch git submodules (the real repo needs them; the NCCL one is never used).
+extra_cuda_arch: archs beyond [image] cuda_arch (seed: ["3.7", "5.0"]).
+ptx_arch: arch that also gets PTX (seed: "7.0").
+nvcc_flags: TORCH_NVCC_FLAGS (seed: "-Xfatbin -compress-all").
+max_jobs: MAX_JOBS (compile parallelism; unset means PyTorch's default).
+build_packages: packages installed before the build (seed: conda's list).
+apt_packages: system build dependencies (seed: build-essential cmake ...).
+
+# Examples
+```toml
+[stages.pytorch]
+version = "1.10.2"
+extra_cuda_arch = ["3.7", "5.0"]
+ptx_arch = "7.0"
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from imageforge.dockerfile import apt_install, bind, run, sh
+from imageforge.sources import Source
+from imageforge.stage import EXPORT_ROOT, Context, Field, Stage, git_fields, git_source
+
+PYTHON = "/opt/conda/bin/python"
+
+
+def arch_list(ctx: Context) -> str:
+    """TORCH_CUDA_ARCH_LIST, e.g. "3.7 5.0 7.0+PTX 8.0" for the seed's settings."""
+    inputs = ctx.of("pytorch")
+    arches = {*inputs["extra_cuda_arch"], *ctx.image["cuda_arch"]}
+    ptx = inputs.get("ptx_arch")
+    ordered = sorted(arches, key=lambda a: tuple(int(x) for x in a.split(".")))
+    return " ".join(f"{a}+PTX" if a == ptx else a for a in ordered)
+
+
+def sources(ctx: Context) -> Sequence[Source]:
+    inputs = ctx.of("pytorch")
+    return [git_source("pytorch", inputs, submodules=bool(inputs["submodules"]))]
+
+
+def install_packages(ctx: Context, packages: Sequence[str]) -> str:
+    if ctx.of("python")["provider"] == "miniconda":
+        return run(sh("/opt/conda/bin/conda", "install", "-y", *packages),
+                   "/opt/conda/bin/conda clean -ya")
+    return run(sh(PYTHON, "-m", "pip", "install", "--no-cache-dir", *packages))
+
+
+def recipe(ctx: Context) -> str:
+    inputs = ctx.of("pytorch")
+    nccl = str(ctx.of("nccl")["prefix"])
+    steps = [apt_install(inputs["apt_packages"])] if ctx.image["apt"] else []
+    if inputs["build_packages"]:
+        steps.append(install_packages(ctx, inputs["build_packages"]))
+    variables = [
+        "USE_SYSTEM_NCCL=1", f"NCCL_ROOT={nccl}", f"NCCL_INCLUDE_DIR={nccl}/include",
+        f"NCCL_LIB_DIR={nccl}/lib", f"TORCH_CUDA_ARCH_LIST={arch_list(ctx)}",
+        f"TORCH_NVCC_FLAGS={inputs['nvcc_flags']}", "CMAKE_PREFIX_PATH=/opt/conda",
+        f"CUDA_HOME={ctx.image['cuda_home']}",
+    ]
+    if inputs.get("max_jobs"):
+        variables.append(f"MAX_JOBS={inputs['max_jobs']}")
+    steps.append(run(
+        "cd /tmp/pytorch",
+        sh("env", *variables, PYTHON, "setup.py", "install", f"--root={EXPORT_ROOT}"),
+        mounts=[bind("src-pytorch", "/tmp/pytorch", rw=True)],
+    ))
+    return "\n".join(steps)
+
+
+STAGE = Stage(
+    name="pytorch",
+    doc=__doc__ or "",
+    deps=("python", "nccl"),
+    parent="python",
+    fields={
+        **git_fields(repo="https://github.com/pytorch/pytorch.git", ref="v{version}",
+                     what="PyTorch"),
+        "submodules": Field(kind="bool", default=True, help="fetch git submodules"),
+        "extra_cuda_arch": Field(kind="arch_list", default=[], help="archs beyond cuda_arch"),
+        "ptx_arch": Field(kind="arch", help="arch that also gets PTX"),
+        "nvcc_flags": Field(kind="text", default="-Xfatbin -compress-all",
+                            help="TORCH_NVCC_FLAGS"),
+        "max_jobs": Field(kind="int", help="MAX_JOBS for the compile"),
+        "build_packages": Field(kind="packages", default=[], help="build requirements"),
+        "apt_packages": Field(
+            kind="packages",
+            default=["build-essential", "ca-certificates", "ccache", "cmake", "git",
+                     "libjpeg-dev", "libpng-dev"],
+            help="system build dependencies"),
+    },
+    sources=sources,
+    recipe=recipe,
+)

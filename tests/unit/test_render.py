@@ -1,0 +1,87 @@
+"""Golden Dockerfiles for the two seed images, reviewed line by line against the seeds.
+
+Regenerate after an intended change with IMAGEFORGE_UPDATE_GOLDEN=1 and review the diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from imageforge import project
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def rendered(manifest: str, target: str) -> str:
+    settings = project.Settings(manifest=Path(manifest))
+    cwd = Path.cwd()
+    os.chdir(ROOT)
+    try:
+        return project.dockerfile(project.plan(settings, target))
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "target", "golden"),
+    [
+        ("manifests/smddp.toml", "smddp", "smddp.Dockerfile"),
+        ("manifests/efa-nccl.toml", "efa-nccl", "efa-nccl.Dockerfile"),
+    ],
+)
+def test_rendered_dockerfile_matches_golden(manifest: str, target: str, golden: str) -> None:
+    text = rendered(manifest, target)
+    path = GOLDEN / golden
+    if os.environ.get("IMAGEFORGE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                            f"golden/{golden}", "rendered"))
+        pytest.fail(f"rendering of {target} changed:\n{diff}")
+
+
+def test_seed_002_commands_are_rendered_faithfully() -> None:
+    text = rendered("manifests/smddp.toml", "smddp")
+    assert "./efa_installer.sh -y --skip-kmod -g" in text
+    assert ("'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 "
+            "-gencode=arch=compute_80,code=sm_80'") in text
+    assert "'TORCH_CUDA_ARCH_LIST=3.7 5.0 7.0+PTX 8.0'" in text
+    assert "USE_SYSTEM_NCCL=1 NCCL_ROOT=/opt/conda" in text
+    assert "--with-nccl=/opt/conda" in text
+    assert "threading=multi cxxflags=-fPIC cflags=-fPIC install" in text
+    assert "|| true" not in text
+    assert "env SMDATAPARALLEL_PT=1 /opt/conda/bin/pip install" in text
+    assert 'RDMAV_FORK_SAFE="1"' in text
+    assert "/opt/conda/lib/python3.8/site-packages/smdistributed/dataparallel/lib" in text
+    assert "BUILD_VERSION=0.11.3+cu113" in text
+    # The seed's baked private key is off by default.
+    assert "ssh-keygen" not in text
+
+
+def test_seed_000_builds_nccl_for_every_arch_without_gencode() -> None:
+    text = rendered("manifests/efa-nccl.toml", "efa-nccl")
+    assert "NVCC_GENCODE" not in text
+    assert ("make -j\"$(nproc)\" MPI=1 MPI_HOME=/opt/amazon/openmpi CUDA_HOME=/usr/local/cuda "
+            "NCCL_HOME=/usr/local") in text
+    assert "--with-nccl=/usr/local --prefix=/usr/local" in text
+
+
+def test_true_dependencies_not_seed_line_order() -> None:
+    plan = project.plan(project.Settings(manifest=ROOT / "manifests/smddp.toml"), "smddp")
+    deps = {s.name: set(s.deps) for s in plan.stages}
+    assert deps["boost"] == {"base"}
+    assert "efa" not in deps["pytorch"] and "nccl" in deps["pytorch"]
+    assert {"efa", "nccl"} <= deps["aws-ofi-nccl"] and "pytorch" not in deps["aws-ofi-nccl"]
+
+
+def test_cached_stage_sections_are_named_build_stages() -> None:
+    text = rendered("manifests/smddp.toml", "smddp")
+    names = [line.split(" AS ")[1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert names == ["base", "efa", "nccl", "aws-ofi-nccl", "boost", "python", "pytorch",
+                     "torchvision", "smddp"]
