@@ -63,6 +63,16 @@ class Plan:
         }
 
 
+def defined_targets(manifest: Manifest, registry: Mapping[str, Stage]) -> list[str]:
+    """Image targets whose every stage the manifest defines (or needs no table for)."""
+    def defined(name: str) -> bool:
+        fields = registry[name].fields.values()
+        return manifest.has_stage(name) or not any(f.required for f in fields)
+
+    return [name for name, stage in registry.items()
+            if stage.image and all(defined(n) for n in closure(name, registry))]
+
+
 def stage_inputs(manifest: Manifest, stage: Stage, target: str) -> dict[str, Any]:
     """The manifest's values for `stage`, or its defaults when it has no table."""
     if manifest.has_stage(stage.name):

@@ -6,10 +6,12 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from imageforge import lock
 from imageforge import manifest as manifest_mod
 from imageforge.manifest import Manifest
-from imageforge.plan import Plan, make_plan
+from imageforge.plan import Plan, defined_targets, make_plan
 from imageforge.render import render_dockerfile
+from imageforge.sources import SourceCache
 from stages import STAGES
 
 DEFAULT_MANIFEST = Path("manifests/smddp.toml")
@@ -20,29 +22,58 @@ class Settings:
     manifest: Path = DEFAULT_MANIFEST
     overrides: tuple[str, ...] = ()
     cache_dir: Path = Path("cache")
+    # Refuse a missing or stale lock instead of planning from the manifest alone.
+    locked: bool = False
 
 
 def load_manifest(settings: Settings) -> Manifest:
-    return manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    """The manifest with --set overrides, and its lock's pins when the lock is current."""
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    path = lock.lock_path(settings.manifest)
+    current = lock.read(path)
+    if settings.locked:
+        lock.check(loaded, current, path)
+    return lock.apply(loaded, current, STAGES)
 
 
 def plan(settings: Settings, target: str) -> Plan:
     return make_plan(load_manifest(settings), target, STAGES)
 
 
+def source_cache(settings: Settings) -> SourceCache:
+    return SourceCache((settings.cache_dir / "sources").resolve())
+
+
+def write_lock(settings: Settings, *, upgrade: bool) -> tuple[Path, list[str]]:
+    """Resolve and write the lock; returns its path and what changed."""
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    path = lock.lock_path(settings.manifest)
+    previous = lock.read(path)
+    if previous is not None and previous.manifest_digest != loaded.digest():
+        # Pins of a different effective manifest are not evidence for this one.
+        previous = None
+    new = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade)
+    lock.write(path, new, loaded)
+    return path, lock.diff(previous, new)
+
+
+def check_lock(settings: Settings) -> Path:
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    path = lock.lock_path(settings.manifest)
+    lock.check(loaded, lock.read(path), path)
+    return path
+
+
+def fetch(settings: Settings, target: str) -> dict[str, Path]:
+    planned = plan(settings, target)
+    return source_cache(settings).materialize_all(planned.sources())
+
+
 def check(settings: Settings) -> list[str]:
-    """Validate the manifest and plan every stage it defines; returns one line per target."""
+    """Validate the manifest and plan every image it defines; returns one line per target."""
     loaded = load_manifest(settings)
-    targets = [name for name, stage in STAGES.items() if stage.image and _complete(loaded, name)]
-    return [f"{t}: {len(make_plan(loaded, t, STAGES).stages)} stages" for t in targets]
-
-
-def _complete(loaded: Manifest, target: str) -> bool:
-    from imageforge.dag import closure
-
-    needed = closure(target, STAGES)
-    return all(loaded.has_stage(n) or not any(f.required for f in STAGES[n].fields.values())
-               for n in needed)
+    return [f"{t}: {len(make_plan(loaded, t, STAGES).stages)} stages"
+            for t in defined_targets(loaded, STAGES)]
 
 
 def dockerfile(planned: Plan) -> str:
@@ -60,3 +91,11 @@ def manifest_label(path: Path) -> str:
 
 def targets() -> Sequence[str]:
     return list(STAGES)
+
+
+def is_image(target: str) -> bool:
+    return target in STAGES and STAGES[target].image
+
+
+def image_targets() -> list[str]:
+    return [name for name, stage in STAGES.items() if stage.image]

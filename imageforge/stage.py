@@ -47,6 +47,14 @@ class Context:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Check:
+    """A smoke check run inside a built image: a bash script that exits 0 when healthy."""
+
+    name: str
+    script: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage:
     """A stage module's declaration. `deps` are the true build dependencies."""
 
@@ -66,6 +74,8 @@ class Stage:
     env: Callable[[Context], Mapping[str, str]] = lambda ctx: {}
     # True for stages that are whole images (efa-nccl, smddp): they get the image env.
     image: bool = False
+    # Smoke checks run by `invoke test-image` in any image that contains this stage.
+    checks: Callable[[Context], Sequence[Check]] = lambda ctx: ()
 
 
 def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:
@@ -79,7 +89,8 @@ def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:
     )
 
 
-def git_source(stage: str, inputs: Inputs, *, submodules: tuple[str, ...] | bool = False) -> GitSource:
+def git_source(stage: str, inputs: Inputs, *,
+               submodules: tuple[str, ...] | bool = False) -> GitSource:
     return GitSource(
         name=f"src-{stage}",
         repo=str(inputs["repo"]),

@@ -29,7 +29,10 @@ _IMAGE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
 )
 _ARCH = re.compile(r"[0-9]{1,2}\.[0-9](\+PTX)?")
-_PACKAGE = re.compile(r"([A-Za-z0-9_-]+::)?[A-Za-z0-9][A-Za-z0-9._+-]*(\[[A-Za-z0-9,_-]+\])?([<>=!~]=?[A-Za-z0-9.*+,<>=!~-]+)?")
+_PACKAGE = re.compile(
+    r"([A-Za-z0-9_-]+::)?[A-Za-z0-9][A-Za-z0-9._+-]*"  # conda channel::name or pip name
+    r"(\[[A-Za-z0-9,_-]+\])?([<>=!~]=?[A-Za-z0-9.*+,<>=!~-]+)?"  # [extras] and specifier
+)
 _FLAG = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_-]*(=[A-Za-z0-9._/+,:=-]+)?")
 _ARG = re.compile(r"(-{1,2})?[A-Za-z0-9][A-Za-z0-9_.-]*(=[A-Za-z0-9._/+,:=-]+)?")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

@@ -25,7 +25,8 @@ version = "1.14.1"
 BAD_FILES = [
     ("[image\nbase = 1", "invalid TOML"),
     (GOOD.replace('python = "3.11"', ""), "image (line 1): missing required key 'python'"),
-    (GOOD + "[stages.efaa]\nversion = '1'\n", "stages.efaa (line 8): unknown stage; did you mean 'efa'?"),
+    (GOOD + "[stages.efaa]\nversion = '1'\n",
+     "stages.efaa (line 8): unknown stage; did you mean 'efa'?"),
     (GOOD.replace('version = "1.14.1"', 'verison = "1.14.1"'),
      "stages.efa.verison (line 7): unknown key; did you mean 'version'?"),
     (GOOD.replace('"1.14.1"', '"1.14.1; curl x | sh"'),
@@ -50,7 +51,8 @@ BAD_FILES = [
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_FILES)
-def test_bad_manifest_is_refused_with_a_clear_message(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_manifest_is_refused_with_a_clear_message(tmp_path: Path, text: str,
+                                                       message: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(ManifestError) as excinfo:

@@ -1,0 +1,42 @@
+"""Checks that Docker, its daemon and buildx are usable, each failing with one sentence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from imageforge.cmd import docker
+from imageforge.errors import DockerError
+
+
+def ensure_ready(builder: str | None = None) -> None:
+    try:
+        info = docker("info", "--format", "{{json .ServerVersion}}", timeout=30)
+    except subprocess.TimeoutExpired:
+        raise DockerError("the Docker daemon does not answer (docker info timed out); "
+                          "restart it and retry.") from None
+    if info.returncode != 0:
+        detail = info.stderr.decode(errors="replace").strip().splitlines()
+        raise DockerError("the Docker daemon is not running or not reachable "
+                          f"({detail[-1] if detail else 'docker info failed'}); start it "
+                          "(scripts/setup-host.sh does on Debian) and retry.")
+    buildx = docker("buildx", "version", timeout=30)
+    if buildx.returncode != 0:
+        raise DockerError("docker buildx is not installed; install the buildx plugin "
+                          "(scripts/setup-host.sh does on Debian) and retry.")
+    if builder:
+        inspect = docker("buildx", "inspect", builder, timeout=30)
+        if inspect.returncode != 0:
+            raise DockerError(f"--builder {builder}: no such buildx builder; "
+                              "see `docker buildx ls`.")
+
+
+def image_labels(ref: str) -> dict[str, str]:
+    result = docker("image", "inspect", "--format", "{{json .Config.Labels}}", ref)
+    if result.returncode != 0:
+        raise DockerError(f"image {ref} is not in the local Docker image store; build it first.")
+    return json.loads(result.stdout or b"null") or {}
+
+
+def image_exists(ref: str) -> bool:
+    return docker("image", "inspect", ref).returncode == 0

@@ -1,0 +1,219 @@
+"""Lock files: every input a manifest leaves to resolution, recorded beside it.
+
+`<manifest>.lock.json` holds the sha256 of each downloaded file, the commit of each git ref,
+the base image digest when a registry answers, and the digest of the effective manifest
+(file + --set overrides) it was resolved from. A lock is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from imageforge import gitsource
+from imageforge.cmd import run
+from imageforge.dag import closure
+from imageforge.download import download
+from imageforge.errors import FatalError, LockError
+from imageforge.manifest import Manifest
+from imageforge.sources import GitSource, Source, SourceCache, UrlSource
+from imageforge.stage import Context, Stage
+
+FORMAT = 1
+
+
+def lock_path(manifest_path: Path) -> Path:
+    return manifest_path.with_name(manifest_path.stem + ".lock.json")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lock:
+    manifest_digest: str
+    base_digest: str | None
+    # stage -> source name -> {"url"/"repo", "sha256"/"ref"+"commit"}
+    sources: Mapping[str, Mapping[str, Mapping[str, str]]]
+
+    def to_json(self, manifest: Manifest) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "manifest": manifest.path.name,
+            "manifest_digest": self.manifest_digest,
+            "base": {"ref": manifest.image["base"], "digest": self.base_digest},
+            "stages": {k: dict(v) for k, v in sorted(self.sources.items())},
+        }
+
+
+def read(path: Path) -> Lock | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}")
+        return Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
+                    sources=data["stages"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LockError(f"{path}: not a valid imageforge lock file ({exc}); delete it and run "
+                        "`invoke lock`.") from None
+
+
+def defined_stages(manifest: Manifest, registry: Mapping[str, Stage]) -> list[str]:
+    """Every stage the manifest's image targets need (what a lock must cover)."""
+    from imageforge.plan import defined_targets
+
+    names: list[str] = []
+    for target in defined_targets(manifest, registry):
+        names.extend(n for n in closure(target, registry) if n not in names)
+    return names
+
+
+def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) -> Manifest:
+    """The manifest with the lock's resolved pins filled in where the manifest has none."""
+    if lock is None or lock.manifest_digest != manifest.digest():
+        return manifest
+    image = dict(manifest.image)
+    if not image.get("base_digest") and lock.base_digest:
+        image["base_digest"] = lock.base_digest
+    stages = {name: dict(values) for name, values in manifest.stages.items()}
+    for name, entries in lock.sources.items():
+        values = stages.setdefault(name, _defaults(registry[name]))
+        for entry in entries.values():
+            _fill(values, entry)
+    return dataclasses.replace(manifest, image=image, stages=stages)
+
+
+def _defaults(stage: Stage) -> dict[str, Any]:
+    return {key: field.default for key, field in stage.fields.items()}
+
+
+def _fill(values: dict[str, Any], entry: Mapping[str, str]) -> None:
+    for pin, key in (("sha256", entry.get("key", "sha256")), ("commit", "commit")):
+        if pin in entry and not values.get(key):
+            values[key] = entry[pin]
+
+
+def check(manifest: Manifest, lock: Lock | None, path: Path) -> None:
+    """Refuse a missing or stale lock (what `lock --check` and `build --locked` do)."""
+    if lock is None:
+        raise LockError(f"{path}: no lock file for {manifest.path}; run `invoke lock`.")
+    if lock.manifest_digest != manifest.digest():
+        raise LockError(f"{path} is stale: {manifest.path} (with its --set overrides) changed "
+                        "since it was locked; run `invoke lock` with the same overrides.")
+
+
+def resolve(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCache,
+            previous: Lock | None, *, upgrade: bool) -> Lock:
+    """Resolve every source of every defined stage. Reuses the previous lock's pins for
+    sources whose location did not change, unless `upgrade`."""
+    from imageforge.plan import stage_inputs
+
+    names = defined_stages(manifest, registry)
+    inputs = {n: stage_inputs(manifest, registry[n], n) for n in names}
+    context = Context(image=manifest.image, stages=inputs)
+    old = previous.sources if previous and not upgrade else {}
+    resolved: dict[str, dict[str, dict[str, str]]] = {}
+    for name in names:
+        for source in registry[name].sources(context):
+            entry = _resolve_source(source, cache, old.get(name, {}).get(source.name))
+            resolved.setdefault(name, {})[source.name] = entry
+    base_digest = manifest.image.get("base_digest") or _base_digest(str(manifest.image["base"]))
+    return Lock(manifest_digest=manifest.digest(), base_digest=base_digest, sources=resolved)
+
+
+def _resolve_source(source: Source, cache: SourceCache, old: Mapping[str, str] | None
+                    ) -> dict[str, str]:
+    if isinstance(source, UrlSource):
+        entry = {"url": source.url, "key": _sha_key(source)}
+        if source.sha256:
+            return {**entry, "sha256": source.sha256}
+        if old and old.get("url") == source.url and old.get("sha256"):
+            return {**entry, "sha256": old["sha256"]}
+        return {**entry, "sha256": _hash_into_cache(source, cache)}
+    return _resolve_git(source, old)
+
+
+def _sha_key(source: UrlSource) -> str:
+    # The smddp stage's optional S3 plugin pins under its own manifest key.
+    return "s3_plugin_sha256" if source.name.endswith("-s3") else "sha256"
+
+
+def _resolve_git(source: GitSource, old: Mapping[str, str] | None) -> dict[str, str]:
+    entry = {"repo": source.repo, "ref": source.ref}
+    if source.commit:
+        return {**entry, "commit": source.commit}
+    current = gitsource.resolve_ref(source.repo, source.ref)
+    same_ref = old and old.get("repo") == source.repo and old.get("ref") == source.ref
+    if same_ref and old and old.get("commit") != current:
+        raise LockError(
+            f"{source.repo} {source.ref} now points to {current}, but the lock says "
+            f"{old.get('commit')}; if the move is expected run `invoke lock --upgrade`, "
+            "otherwise pin `commit` in the manifest.")
+    return {**entry, "commit": current}
+
+
+def _hash_into_cache(source: UrlSource, cache: SourceCache) -> str:
+    """Download an unpinned file once to learn its digest, keeping it in the source cache so
+    the build that follows does not fetch it again."""
+    cache.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache.root) as tmp:
+        file = Path(tmp) / source.filename
+        digest = download(source.url, file, sha256=None)
+        cache.materialize(dataclasses.replace(source, url=str(file), sha256=digest))
+    return digest
+
+
+def _base_digest(ref: str) -> str | None:
+    """The registry digest of the base image, or None when no registry answers (offline,
+    or a local-only image)."""
+    if "@sha256:" in ref:
+        return ref.split("@", 1)[1]
+    try:
+        result = run(["docker", "buildx", "imagetools", "inspect", ref, "--format",
+                      "{{json .Manifest.Digest}}"], timeout=30)
+    except (FatalError, OSError, subprocess.TimeoutExpired):
+        return None
+    if result.returncode != 0:
+        return None
+    digest = json.loads(result.stdout or b"null")
+    return digest if isinstance(digest, str) and digest.startswith("sha256:") else None
+
+
+def write(path: Path, lock: Lock, manifest: Manifest) -> None:
+    """Atomic: the lock file is replaced whole or left as it was."""
+    text = json.dumps(lock.to_json(manifest), indent=2, sort_keys=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def diff(old: Lock | None, new: Lock) -> list[str]:
+    """Human lines describing what changed between two locks."""
+    lines: list[str] = []
+    before = old.sources if old else {}
+    for stage in sorted(set(before) | set(new.sources)):
+        a, b = before.get(stage, {}), new.sources.get(stage, {})
+        for name in sorted(set(a) | set(b)):
+            if a.get(name) != b.get(name):
+                pin_a = _pin(a.get(name))
+                pin_b = _pin(b.get(name))
+                lines.append(f"{stage}: {name} {pin_a} -> {pin_b}")
+    if (old.base_digest if old else None) != new.base_digest:
+        lines.append(f"base: {old.base_digest if old else None} -> {new.base_digest}")
+    return lines
+
+
+def _pin(entry: Mapping[str, str] | None) -> str:
+    if not entry:
+        return "(none)"
+    return entry.get("commit") or entry.get("sha256") or "?"

@@ -1,0 +1,201 @@
+"""Per-stage progress of a BuildKit build, read from `docker buildx build --progress rawjson`.
+
+BuildKit reports vertices named like "[nccl 2/3] RUN ..."; we fold them into one state per
+stage. Three views: a live rich table on a terminal, plain lines (CI, pipes, --progress
+plain) and JSON lines (--progress json).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import dataclasses
+import json
+import re
+import sys
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from typing import IO, Any, Literal
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+State = Literal["waiting", "building", "cached", "built", "failed"]
+Mode = Literal["auto", "plain", "json", "tty"]
+
+_VERTEX = re.compile(r"^\[(?P<stage>[a-z0-9][a-z0-9._-]*) \d+/\d+\]")
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def _time(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return datetime.fromisoformat(_FRACTION.sub(r"\1", stamp.replace("Z", "+00:00"))).timestamp()
+
+
+@dataclasses.dataclass
+class _Vertex:
+    stage: str
+    name: str
+    started: float | None = None
+    completed: float | None = None
+    cached: bool = False
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class StageProgress:
+    name: str
+    vertices: dict[str, _Vertex] = dataclasses.field(default_factory=dict)
+    log: collections.deque[str] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=40))
+
+    @property
+    def state(self) -> State:
+        vs = list(self.vertices.values())
+        if any(v.error for v in vs):
+            return "failed"
+        if not vs or all(v.started is None for v in vs):
+            return "waiting"
+        if any(v.completed is None for v in vs):
+            return "building"
+        return "cached" if all(v.cached for v in vs) else "built"
+
+    @property
+    def seconds(self) -> float:
+        starts = [v.started for v in self.vertices.values() if v.started]
+        ends = [v.completed for v in self.vertices.values() if v.completed]
+        if not starts:
+            return 0.0
+        end = max(ends) if ends and len(ends) == len(self.vertices) else time.time()
+        return max(0.0, end - min(starts))
+
+    @property
+    def error(self) -> str | None:
+        return next((v.error for v in self.vertices.values() if v.error), None)
+
+
+class BuildProgress:
+    """Consumes rawjson status objects; shows and remembers per-stage state."""
+
+    def __init__(self, stages: Iterable[str], mode: Mode = "auto", out: IO[str] | None = None):
+        self.out = out or sys.stderr
+        self.stages = {name: StageProgress(name) for name in stages}
+        self._by_digest: dict[str, _Vertex] = {}
+        self._shown: dict[str, State] = {}
+        self.mode: Mode = _pick_mode(mode, self.out)
+        self._live: Live | None = None
+        self._started = time.time()
+
+    def __enter__(self) -> BuildProgress:
+        if self.mode == "tty":
+            self._live = Live(self._table(), console=Console(file=self.out), refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.__exit__(None, None, None)
+
+    def feed(self, status: dict[str, Any]) -> None:
+        for raw in status.get("vertexes") or []:
+            self._vertex(raw)
+        for raw in status.get("logs") or []:
+            vertex = self._by_digest.get(raw.get("vertex", ""))
+            if vertex is not None:
+                text = base64.b64decode(raw.get("data") or b"").decode(errors="replace")
+                self.stages[vertex.stage].log.extend(text.splitlines())
+        self._show()
+
+    def _vertex(self, raw: dict[str, Any]) -> None:
+        match = _VERTEX.match(raw.get("name", ""))
+        if match is None or match.group("stage") not in self.stages:
+            return
+        digest = raw["digest"]
+        vertex = self._by_digest.get(digest)
+        if vertex is None:
+            vertex = _Vertex(stage=match.group("stage"), name=raw["name"])
+            self._by_digest[digest] = vertex
+            self.stages[vertex.stage].vertices[digest] = vertex
+        vertex.started = _time(raw.get("started")) or vertex.started
+        vertex.completed = _time(raw.get("completed")) or vertex.completed
+        vertex.cached = bool(raw.get("cached")) or vertex.cached
+        vertex.error = raw.get("error") or vertex.error
+
+    def _show(self) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+            return
+        for stage in self.stages.values():
+            state = stage.state
+            if self._shown.get(stage.name, "waiting") == state:
+                continue
+            self._shown[stage.name] = state
+            self._emit(stage, state)
+
+    def _emit(self, stage: StageProgress, state: State) -> None:
+        if self.mode == "json":
+            event = {"event": "stage", "stage": stage.name, "state": state,
+                     "seconds": round(stage.seconds, 2)}
+            print(json.dumps(event), file=self.out, flush=True)
+        else:
+            elapsed = time.time() - self._started
+            print(f"[{elapsed:7.1f}s] {stage.name:<14} {state}"
+                  + (f" ({stage.seconds:.1f}s)" if state in ("built", "cached", "failed") else ""),
+                  file=self.out, flush=True)
+
+    def _table(self) -> Table:
+        table = Table(title="imageforge build", expand=False)
+        for column in ("stage", "state", "seconds"):
+            table.add_column(column)
+        colours = {"waiting": "dim", "building": "yellow", "cached": "green", "built": "cyan",
+                   "failed": "red"}
+        for stage in self.stages.values():
+            state = stage.state
+            table.add_row(stage.name, f"[{colours[state]}]{state}[/]", f"{stage.seconds:.1f}")
+        return table
+
+
+def _pick_mode(mode: Mode, out: IO[str]) -> Mode:
+    if mode != "auto":
+        return mode
+    import os
+
+    if os.environ.get("CI") or not out.isatty():
+        return "plain"
+    return "tty"
+
+
+def read_statuses(stream: IO[bytes], other: list[str]) -> Iterable[dict[str, Any]]:
+    """JSON objects from a rawjson stream; other lines (warnings, the final error) go to
+    `other`."""
+    decoder = json.JSONDecoder()
+    buffer = ""
+    for chunk in iter(lambda: stream.readline(), b""):
+        buffer += chunk.decode(errors="replace")
+        while buffer:
+            stripped = buffer.lstrip()
+            if not stripped:
+                buffer = ""
+                break
+            if not stripped.startswith("{"):
+                newline = stripped.find("\n")
+                if newline < 0:
+                    buffer = stripped
+                    break
+                other.append(stripped[:newline])
+                buffer = stripped[newline + 1:]
+                continue
+            try:
+                obj, end = decoder.raw_decode(stripped)
+            except json.JSONDecodeError:
+                buffer = stripped
+                break
+            buffer = stripped[end:]
+            if isinstance(obj, dict):
+                yield obj
+    if buffer.strip():
+        other.append(buffer.strip())

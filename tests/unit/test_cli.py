@@ -1,0 +1,109 @@
+"""The invoke front end as users run it: real subprocesses, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEX64 = set("0123456789abcdef")
+
+
+def invoke(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("INVOKE_IMAGEFORGE_MANIFEST", None)
+    return subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *args], cwd=cwd,
+                          capture_output=True, text=True, env=env, check=False, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "target"),
+    [("manifests/smddp.toml", "smddp"), ("manifests/efa-nccl.toml", "efa-nccl")])
+def test_plan_json_has_the_design_shape(manifest: str, target: str) -> None:
+    result = invoke("plan", "--target", target, "--manifest", manifest, "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert set(plan) == {"target", "manifest", "stages"}
+    assert plan["target"] == target and plan["manifest"] == manifest
+    names = [s["name"] for s in plan["stages"]]
+    assert names[-1] == target and names[0] == "base"
+    seen: set[str] = set()
+    for stage in plan["stages"]:
+        assert set(stage) == {"name", "deps", "key", "status", "inputs"}
+        assert set(stage["deps"]) <= seen, "stages must be in topological order"
+        assert stage["key"].startswith("sha256:") and set(stage["key"][7:]) <= HEX64
+        assert len(stage["key"]) == 71
+        assert stage["status"] in ("cached", "remote", "build")
+        seen.add(stage["name"])
+    nccl = next(s for s in plan["stages"] if s["name"] == "nccl")
+    assert nccl["inputs"]["version"] in ("2.10.3", "2.7.8")
+
+
+def test_default_manifest_is_smddp() -> None:
+    result = invoke("plan", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["manifest"] == "manifests/smddp.toml"
+
+
+@pytest.mark.parametrize("name", ["smddp.toml", "efa-nccl.toml", "pt25-cu124.toml"])
+def test_check_render_plan_work_offline_on_every_shipped_manifest(name: str) -> None:
+    manifest = f"manifests/{name}"
+    check = invoke("check", "--manifest", manifest)
+    assert check.returncode == 0, check.stderr
+    target = "efa-nccl" if name == "efa-nccl.toml" else "smddp"
+    render = invoke("render", "--target", target, "--manifest", manifest)
+    assert render.returncode == 0 and render.stdout.count("FROM ") >= 4
+    assert invoke("plan", "--target", target, "--manifest", manifest).returncode == 0
+
+
+def test_bad_set_exits_2_with_one_line_and_no_traceback() -> None:
+    result = invoke("plan", "--set", "stages.nccl.version=2.10.3; curl x | sh")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+    assert "--set stages.nccl.version=2.10.3; curl x | sh" in result.stderr
+    assert "FROM" not in result.stdout
+
+
+def test_missing_manifest_and_unknown_target_are_user_errors(tmp_path: Path) -> None:
+    missing = invoke("check", "--manifest", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 2 and "no such manifest" in missing.stderr
+    unknown = invoke("plan", "--target", "smdp")
+    assert unknown.returncode == 2 and "did you mean 'smddp'" in unknown.stderr
+    assert "Traceback" not in missing.stderr + unknown.stderr
+
+
+def test_plan_graph_writes_dot_coloured_by_status(tmp_path: Path) -> None:
+    out = tmp_path / "dag.dot"
+    result = invoke("plan", "--graph", str(out))
+    assert result.returncode == 0, result.stderr
+    dot = out.read_text()
+    assert '"nccl" -> "pytorch";' in dot and '"efa" -> "aws-ofi-nccl";' in dot
+    assert '"boost" -> "pytorch"' not in dot
+    assert "fillcolor" in dot
+
+
+def test_build_dry_run_prints_buildx_command_and_dockerfile() -> None:
+    result = invoke("build", "--target", "efa-nccl", "--manifest", "manifests/efa-nccl.toml",
+                    "--dry-run")
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("+ ") and " buildx build " in first
+    assert "--build-context src-efa=/" in first and "--target efa-nccl" in first
+    assert "src-nccl=<unlocked: run invoke lock>" in first
+    assert "FROM efa AS efa-nccl" in result.stdout
+
+
+def test_config_env_var_sets_the_default_manifest() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "INVOKE_IMAGEFORGE_MANIFEST": "manifests/efa-nccl.toml"}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "plan", "--target",
+                             "efa-nccl", "--json"], cwd=ROOT, capture_output=True, text=True,
+                            env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["manifest"] == "manifests/efa-nccl.toml"
