@@ -193,5 +193,16 @@ def test_image(c: Context, target: str = "smddp", image: str | None = None,
     print(f"{ref}: {len(results)} checks passed")
 
 
-ns = Collection(check, plan, render, lock, fetch, build, test_image)
+@task
+@boundary
+def docs(c: Context) -> None:
+    """Regenerate the manifest reference in README.md from the stage modules."""
+    from imageforge.reference import update_readme
+    from stages import STAGES
+
+    changed = update_readme(Path("README.md"), STAGES)
+    print("README.md: manifest reference " + ("updated" if changed else "already current"))
+
+
+ns = Collection(check, plan, render, lock, fetch, build, test_image, docs)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache"}})

@@ -44,6 +44,10 @@ class _Vertex:
     cached: bool = False
     error: str | None = None
 
+    @property
+    def is_from(self) -> bool:
+        return "] FROM " in self.name
+
 
 @dataclasses.dataclass
 class StageProgress:
@@ -61,7 +65,9 @@ class StageProgress:
             return "waiting"
         if any(v.completed is None for v in vs):
             return "building"
-        return "cached" if all(v.cached for v in vs) else "built"
+        # BuildKit never marks a FROM as cached; it builds nothing, so it does not count.
+        work = [v for v in vs if not v.is_from]
+        return "cached" if all(v.cached for v in work) else "built"
 
     @property
     def seconds(self) -> float:
