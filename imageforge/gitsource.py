@@ -295,6 +295,12 @@ def _remove_git_dirs(tree: Path) -> None:
             Path(root, ".git").unlink()
 
 
+def git_at(repo: str, commit: str, args: Sequence[str], *, mirrors: Path) -> str:
+    """Run a read-only git command in the cached mirror of `repo`, which holds `commit`."""
+    mirror = _mirror_with(repo, commit, mirrors)
+    return _run(repo, args, f"git {args[0]} failed at {commit} in", cwd=mirror).decode()
+
+
 def _mirror_with(repo: str, commit: str, mirrors: Path) -> Path:
     """A cached bare clone of `repo` that is known to contain `commit`."""
     remote = _remote(repo)
