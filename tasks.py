@@ -60,7 +60,7 @@ def check(c: Context, manifest: str | None = None, set: list[str] | None = None)
     """Validate a manifest (keys, values, stage graph) and plan every image it defines."""
     s = settings(c, manifest, set)
     for line in project.check(s):
-        print(f"ok  {line}")
+        print(f"  {line}")
     print(f"{s.manifest}: valid")
 
 

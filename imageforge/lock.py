@@ -21,7 +21,9 @@ from imageforge.cmd import run
 from imageforge.dag import closure
 from imageforge.download import download
 from imageforge.errors import FatalError, LockError
+from imageforge.compat import image_cuda
 from imageforge.manifest import Manifest
+from imageforge.ncclpin import NcclPin, pytorch_nccl_pin
 from imageforge.sources import GitSource, Source, SourceCache, UrlSource
 from imageforge.stage import Context, Stage
 
@@ -38,6 +40,8 @@ class Lock:
     base_digest: str | None
     # stage -> source name -> {"url"/"repo", "sha256"/"ref"+"commit"}
     sources: Mapping[str, Mapping[str, Mapping[str, str]]]
+    # The NCCL the locked PyTorch pins: {"version", "commit", "evidence": {...}}.
+    nccl_pin: Mapping[str, Any] | None = None
 
     def to_json(self, manifest: Manifest) -> dict[str, Any]:
         return {
@@ -45,8 +49,15 @@ class Lock:
             "manifest": manifest.path.name,
             "manifest_digest": self.manifest_digest,
             "base": {"ref": manifest.image["base"], "digest": self.base_digest},
+            "nccl_pytorch_pin": dict(self.nccl_pin) if self.nccl_pin else None,
             "stages": {k: dict(v) for k, v in sorted(self.sources.items())},
         }
+
+    def pin(self) -> NcclPin | None:
+        if not self.nccl_pin:
+            return None
+        return NcclPin(version=self.nccl_pin["version"], commit=self.nccl_pin["commit"],
+                       evidence=dict(self.nccl_pin.get("evidence", {})))
 
 
 def read(path: Path) -> Lock | None:
@@ -57,7 +68,7 @@ def read(path: Path) -> Lock | None:
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}")
         return Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
-                    sources=data["stages"])
+                    sources=data["stages"], nccl_pin=data.get("nccl_pytorch_pin"))
     except (ValueError, KeyError, TypeError) as exc:
         raise LockError(f"{path}: not a valid imageforge lock file ({exc}); delete it and run "
                         "`invoke lock`.") from None
@@ -80,12 +91,23 @@ def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) 
     image = dict(manifest.image)
     if not image.get("base_digest") and lock.base_digest:
         image["base_digest"] = lock.base_digest
+    manifest = with_nccl_pin(manifest, lock.pin())
     stages = {name: dict(values) for name, values in manifest.stages.items()}
     for name, entries in lock.sources.items():
         values = stages.setdefault(name, _defaults(registry[name]))
         for entry in entries.values():
             _fill(values, entry)
     return dataclasses.replace(manifest, image=image, stages=stages)
+
+
+def with_nccl_pin(manifest: Manifest, pin: NcclPin | None) -> Manifest:
+    """Replace `stages.nccl.version = "auto"` by the version and exact commit PyTorch pins."""
+    nccl = manifest.stages.get("nccl")
+    if pin is None or nccl is None or nccl.get("version") != "auto":
+        return manifest
+    # The pin may be a post-release fix with no tag of its own: build the commit itself.
+    resolved = {**nccl, "version": pin.version, "commit": pin.commit, "ref": pin.commit}
+    return dataclasses.replace(manifest, stages={**manifest.stages, "nccl": resolved})
 
 
 def _defaults(stage: Stage) -> dict[str, Any]:
@@ -114,16 +136,39 @@ def resolve(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCach
     from imageforge.plan import stage_inputs
 
     names = defined_stages(manifest, registry)
+    old = previous.sources if previous and not upgrade else {}
+    pin = None
+    if "pytorch" in names and "nccl" in names:
+        pin = _pytorch_nccl_pin(manifest, registry, cache, old)
+        manifest = with_nccl_pin(manifest, pin)
     inputs = {n: stage_inputs(manifest, registry[n], n) for n in names}
     context = Context(image=manifest.image, stages=inputs)
-    old = previous.sources if previous and not upgrade else {}
     resolved: dict[str, dict[str, dict[str, str]]] = {}
     for name in names:
         for source in registry[name].sources(context):
             entry = _resolve_source(source, cache, old.get(name, {}).get(source.name))
             resolved.setdefault(name, {})[source.name] = entry
     base_digest = manifest.image.get("base_digest") or _base_digest(str(manifest.image["base"]))
-    return Lock(manifest_digest=manifest.digest(), base_digest=base_digest, sources=resolved)
+    return Lock(manifest_digest=manifest.digest(), base_digest=base_digest, sources=resolved,
+                nccl_pin=dataclasses.asdict(pin) if pin else None)
+
+
+def _pytorch_nccl_pin(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCache,
+                      old: Mapping[str, Mapping[str, Mapping[str, str]]]) -> NcclPin:
+    """The NCCL the manifest's PyTorch pins: needed for "auto", and as evidence for
+    `invoke check` when the manifest pins another NCCL on purpose."""
+    from imageforge.plan import stage_inputs
+
+    pytorch = stage_inputs(manifest, registry["pytorch"], "pytorch")
+    source = registry["pytorch"].sources(Context(image=manifest.image,
+                                                  stages={"pytorch": pytorch}))[0]
+    assert isinstance(source, GitSource)
+    commit = _resolve_git(source, old.get("pytorch", {}).get(source.name))["commit"]
+    cuda = image_cuda(manifest)
+    return pytorch_nccl_pin(
+        pytorch_repo=source.repo, pytorch_commit=commit, pytorch_version=str(pytorch["version"]),
+        pytorch_ref=source.ref, cuda=str(cuda) if cuda else None,
+        nccl_repo=str(manifest.stages["nccl"]["repo"]), mirrors=cache.root / "mirrors")
 
 
 def _resolve_source(source: Source, cache: SourceCache, old: Mapping[str, str] | None
@@ -208,6 +253,12 @@ def diff(old: Lock | None, new: Lock) -> list[str]:
                 pin_a = _pin(a.get(name))
                 pin_b = _pin(b.get(name))
                 lines.append(f"{stage}: {name} {pin_a} -> {pin_b}")
+    old_pin = (old.nccl_pin or {}) if old else {}
+    new_pin = new.nccl_pin or {}
+    if (old_pin.get("version"), old_pin.get("commit")) != (new_pin.get("version"),
+                                                          new_pin.get("commit")):
+        lines.append(f"nccl pinned by pytorch: {old_pin.get('version')} -> "
+                     f"{new_pin.get('version')} ({new_pin.get('commit')})")
     if (old.base_digest if old else None) != new.base_digest:
         lines.append(f"base: {old.base_digest if old else None} -> {new.base_digest}")
     return lines

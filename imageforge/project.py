@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from imageforge import lock
+from imageforge import compat, lock
 from imageforge import manifest as manifest_mod
 from imageforge.manifest import Manifest
 from imageforge.plan import Plan, defined_targets, make_plan
@@ -70,10 +70,30 @@ def fetch(settings: Settings, target: str) -> dict[str, Path]:
 
 
 def check(settings: Settings) -> list[str]:
-    """Validate the manifest and plan every image it defines; returns one line per target."""
-    loaded = load_manifest(settings)
-    return [f"{t}: {len(make_plan(loaded, t, STAGES).stages)} stages"
-            for t in defined_targets(loaded, STAGES)]
+    """Validate the manifest, its lock and the compatibility rules, and plan every image it
+    defines; returns report lines. Every rule violation is reported at once."""
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    path = lock.lock_path(settings.manifest)
+    current = lock.read(path)
+    if settings.locked:
+        lock.check(raw, current, path)
+    fresh = current if current and current.manifest_digest == raw.digest() else None
+    pin = fresh.pin() if fresh else None
+    violations = compat.check(raw) + compat.nccl_pin_rule(raw, pin)
+    compat.require_compatible(violations, manifest=settings.manifest)
+    lines = [f"note: {note}" for note in compat.notes(raw)]
+    explanation = compat.explain_nccl_difference(raw, pin)
+    if explanation:
+        lines.append(f"note: {explanation}")
+    lines.append(f"lock: {path.name} " + ("current" if fresh else
+                                          "missing or stale (run `invoke lock`)"))
+    loaded = lock.apply(raw, current, STAGES)
+    if raw.stages.get("nccl", {}).get("version") == "auto" and pin is None:
+        lines.append('nccl: version "auto" is resolved by `invoke lock`; plans need the lock')
+        return lines
+    lines += [f"{t}: {len(make_plan(loaded, t, STAGES).stages)} stages"
+              for t in defined_targets(loaded, STAGES)]
+    return lines
 
 
 def dockerfile(planned: Plan) -> str:

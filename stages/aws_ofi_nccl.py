@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Context, Field, Stage, git_fields, git_source
+from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -59,6 +59,12 @@ def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
     return {"LD_LIBRARY_PATH": [f"{ctx.of('aws-ofi-nccl')['prefix']}/lib"]}
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    plugin = f"{ctx.of('aws-ofi-nccl')['prefix']}/lib/libnccl-net.so"
+    return [Check(name="plugin links (ldd: nothing not found)",
+                  script=f"{sh('test', '-e', plugin)} && ! ldd {sh(plugin)} | grep 'not found'")]
+
+
 STAGE = Stage(
     name="aws-ofi-nccl",
     doc=__doc__ or "",
@@ -68,10 +74,14 @@ STAGE = Stage(
                      what="aws-ofi-nccl"),
         "prefix": Field(kind="path", default="/usr/local", help="install prefix"),
         "configure_flags": Field(kind="flags", default=[], help="extra ./configure flags"),
+        "build_despite_bundled": Field(
+            kind="bool", default=False,
+            help="build the plugin even when the EFA installer bundles one (EFA >= 1.38)"),
         "apt_packages": Field(kind="packages", default=["autoconf", "automake", "libtool"],
                               help="build tools installed with apt"),
     },
     sources=sources,
     recipe=recipe,
     env_paths=env_paths,
+    checks=checks,
 )

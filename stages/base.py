@@ -1,7 +1,8 @@
 """base: the manifest's base image plus the tools every stage uses to fetch and build.
 
 # Parameters
-apt_packages: Debian/Ubuntu packages installed when `[image] apt = true` (seed 002: curl, wget, git).
+apt_packages: Debian/Ubuntu packages installed when `[image] apt = true`
+(seed 002: curl, wget, git).
 
 # Examples
 ```toml

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Context, Field, Stage, url_fields, url_source
+from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, url_fields, url_source
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -45,6 +45,15 @@ def recipe(ctx: Context) -> str:
     )
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    inputs = ctx.of("boost")
+    major, minor, patch = (int(x) for x in str(inputs["version"]).split(".")[:3])
+    header = f"{inputs['prefix']}/include/boost/version.hpp"
+    wanted = f"#define BOOST_VERSION {major * 100000 + minor * 100 + patch}"
+    return [Check(name=f"boost {inputs['version']} headers",
+                  script=sh("grep", "-qx", wanted, header))]
+
+
 STAGE = Stage(
     name="boost",
     doc=__doc__ or "",
@@ -60,4 +69,5 @@ STAGE = Stage(
     },
     sources=sources,
     recipe=recipe,
+    checks=checks,
 )

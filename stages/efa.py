@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import Context, Field, Stage, url_fields, url_source
+from imageforge.stage import Check, Context, Field, Stage, url_fields, url_source
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -61,6 +61,15 @@ def env(ctx: Context) -> Mapping[str, str]:
     return {"EFA_VERSION": str(ctx.of("efa")["version"]), "RDMAV_FORK_SAFE": "1"}
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    return [
+        Check(name="fi_info runs", script="/opt/amazon/efa/bin/fi_info --version"),
+        Check(name="libfabric and Open MPI link",
+              script="! ldd /opt/amazon/efa/bin/fi_info /opt/amazon/openmpi/lib/libmpi.so "
+                     "| grep 'not found'"),
+    ]
+
+
 STAGE = Stage(
     name="efa",
     doc=__doc__ or "",
@@ -76,4 +85,5 @@ STAGE = Stage(
     exports=("/opt/amazon",),
     env_paths=env_paths,
     env=env,
+    checks=checks,
 )

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Context, Field, Stage, git_fields, git_source
+from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
 BUILDDIR = "/tmp/nccl-build"
 
@@ -69,6 +69,12 @@ def env(ctx: Context) -> Mapping[str, str]:
     return {"NCCL_VERSION": str(ctx.of("nccl")["version"])}
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    inputs = ctx.of("nccl")
+    lib = f"{inputs['prefix']}/lib/libnccl.so.{inputs['version']}"
+    return [Check(name=f"{lib} present", script=sh("test", "-e", lib))]
+
+
 STAGE = Stage(
     name="nccl",
     doc=__doc__ or "",
@@ -79,9 +85,12 @@ STAGE = Stage(
         "version": Field(kind="version", required=True, literals=("auto",),
                          help='NCCL version, or "auto" for the one the pinned PyTorch uses'),
         "prefix": Field(kind="path", default="/usr/local", help="install prefix"),
+        "differs_from_pytorch": Field(
+            kind="text", help="why this NCCL differs from the one PyTorch pins (required then)"),
     },
     sources=sources,
     recipe=recipe,
     env_paths=env_paths,
     env=env,
+    checks=checks,
 )

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Context, Field, Stage, git_fields, git_source
+from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -45,6 +45,12 @@ def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
     return {"PATH": [f"{ctx.of('nccl-tests')['prefix']}/bin"]}
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    binary = f"{ctx.of('nccl-tests')['prefix']}/bin/all_reduce_perf"
+    return [Check(name="all_reduce_perf links",
+                  script=f"{sh('test', '-x', binary)} && ! ldd {sh(binary)} | grep 'not found'")]
+
+
 STAGE = Stage(
     name="nccl-tests",
     doc=__doc__ or "",
@@ -57,4 +63,5 @@ STAGE = Stage(
     sources=sources,
     recipe=recipe,
     env_paths=env_paths,
+    checks=checks,
 )

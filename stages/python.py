@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import Context, Field, Stage, url_source
+from imageforge.stage import Check, Context, Field, Stage, url_source
 
 PREFIX = "/opt/conda"
 
@@ -57,6 +57,12 @@ def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
     return {"PATH": [f"{PREFIX}/bin"]}
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    version = str(ctx.of("python")["version"])
+    script = f'import sys; v = "%d.%d" % sys.version_info[:2]; assert v == "{version}", v'
+    return [Check(name=f"python is {version}", script=sh(f"{PREFIX}/bin/python", "-c", script))]
+
+
 STAGE = Stage(
     name="python",
     doc=__doc__ or "",
@@ -74,4 +80,5 @@ STAGE = Stage(
     recipe=recipe,
     exports=(PREFIX,),
     env_paths=env_paths,
+    checks=checks,
 )

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Context, Field, Stage, git_fields, git_source
+from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
 PYTHON = "/opt/conda/bin/python"
 
@@ -79,6 +79,34 @@ def recipe(ctx: Context) -> str:
     return "\n".join(steps)
 
 
+# torch.cuda.nccl.version() reports the NCCL headers PyTorch was compiled with (an int before
+# 1.10, a tuple since); ncclGetVersion reports the library actually loaded. Both must equal
+# the nccl stage's version.
+NCCL_CHECK = """\
+import ctypes, torch
+want = tuple(int(x) for x in "{version}".split("."))
+def split(code):
+    return (code // 10000, code // 100 % 100, code % 100) if code >= 20900 else \\
+        (code // 1000, code // 100 % 10, code % 100)
+got = torch.cuda.nccl.version()
+got = tuple(got[:3]) if isinstance(got, tuple) else split(got)
+assert got == want, f"torch was compiled with NCCL {{got}}, the nccl stage is {{want}}"
+code = ctypes.c_int()
+ctypes.CDLL("libnccl.so.{major}").ncclGetVersion(ctypes.byref(code))
+assert split(code.value) == want, f"loaded libnccl is {{split(code.value)}}, want {{want}}"
+assert torch.__version__.startswith("{torch}"), torch.__version__
+print("torch", torch.__version__, "nccl", got)
+"""
+
+
+def checks(ctx: Context) -> Sequence[Check]:
+    version = str(ctx.of("nccl")["version"])
+    script = NCCL_CHECK.format(version=version, major=version.split(".")[0],
+                               torch=ctx.of("pytorch")["version"])
+    return [Check(name="torch NCCL == nccl stage == loaded libnccl",
+                  script=sh(PYTHON, "-c", script))]
+
+
 STAGE = Stage(
     name="pytorch",
     doc=__doc__ or "",
@@ -102,4 +130,5 @@ STAGE = Stage(
     },
     sources=sources,
     recipe=recipe,
+    checks=checks,
 )

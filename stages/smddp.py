@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source, UrlSource
-from imageforge.stage import Context, Field, Stage, filename_of, url_fields, url_source
+from imageforge.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
 
 PIP = "/opt/conda/bin/pip"
 
@@ -105,6 +105,14 @@ def env(ctx: Context) -> Mapping[str, str]:
     }
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    version = str(ctx.of("smddp")["version"])
+    return [Check(name=f"SMDDP {version} installed",
+                  script=f"{PIP} show smdistributed-dataparallel | grep -qx "
+                         f"{sh('Version: ' + version)} && /opt/conda/bin/python -c "
+                         "'import smdistributed.dataparallel'")]
+
+
 STAGE = Stage(
     name="smddp",
     doc=__doc__ or "",
@@ -132,4 +140,5 @@ STAGE = Stage(
     recipe=recipe,
     env_paths=env_paths,
     env=env,
+    checks=checks,
 )

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Context, Field, Stage, git_fields, git_source
+from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -39,6 +39,14 @@ def recipe(ctx: Context) -> str:
     )
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    version = str(ctx.of("torchvision")["version"])
+    script = (f"import torchvision; v = torchvision.__version__; "
+              f"assert v.startswith('{version}'), v; print(v)")
+    return [Check(name=f"torchvision {version} imports",
+                  script=sh("/opt/conda/bin/python", "-c", script))]
+
+
 STAGE = Stage(
     name="torchvision",
     doc=__doc__ or "",
@@ -51,4 +59,5 @@ STAGE = Stage(
     },
     sources=sources,
     recipe=recipe,
+    checks=checks,
 )
