@@ -212,7 +212,9 @@ def test_nccl_matching_pytorch_pin_passes() -> None:
 
 
 def test_nccl_differing_from_pytorch_pin_needs_a_reason() -> None:
-    loaded = manifest("smddp", "stages.nccl.version=2.18.6")
+    # The shipped manifest states its reason; without one the difference is refused.
+    loaded = with_stage_values(manifest("smddp", "stages.nccl.version=2.18.6"), "nccl",
+                               differs_from_pytorch=None)
 
     found = nccl_pin_rule(loaded, pin())
 
