@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= imageforge/base:bookworm
 
-.PHONY: setup docker test unit integration demo bench lint clean
+.PHONY: setup docker host-tools test unit integration demo bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -21,10 +21,15 @@ docker:
 	scripts/setup-host.sh
 	scripts/base-image.sh $(BASE_IMAGE)
 
-test: setup docker
+# The sample upstream's unit tests build its aws-ofi-nccl (autotools) on the host.
+host-tools:
+	@command -v autoreconf >/dev/null && command -v libtoolize >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq autoconf automake libtool)
+
+test: setup host-tools docker
 	$(BIN)/pytest -q tests/unit tests/integration
 
-unit: setup
+unit: setup host-tools
 	$(BIN)/pytest -q tests/unit
 
 integration: setup docker

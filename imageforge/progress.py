@@ -71,12 +71,10 @@ class StageProgress:
 
     @property
     def seconds(self) -> float:
-        starts = [v.started for v in self.vertices.values() if v.started]
-        ends = [v.completed for v in self.vertices.values() if v.completed]
-        if not starts:
-            return 0.0
-        end = max(ends) if ends and len(ends) == len(self.vertices) else time.time()
-        return max(0.0, end - min(starts))
+        """Time the stage's own steps ran (not time spent waiting for its dependencies)."""
+        now = time.time()
+        return sum((v.completed or now) - v.started for v in self.vertices.values()
+                   if v.started is not None)
 
     @property
     def error(self) -> str | None:

@@ -29,17 +29,20 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 
+step "invoke lock (resolves NCCL \"auto\" from the pinned PyTorch)"
+$INVOKE lock --manifest "$MANIFEST"
+
 step "invoke check"
-$INVOKE check --manifest "$MANIFEST"
+$INVOKE check --manifest "$MANIFEST" --locked
 
 step "invoke plan --target smddp"
 $INVOKE plan --target smddp --manifest "$MANIFEST"
 
 step "invoke build --target smddp"
-$INVOKE build --target smddp --manifest "$MANIFEST" --progress plain
+$INVOKE build --target smddp --manifest "$MANIFEST" --locked --progress plain
 
 step "invoke test-image --target smddp"
 $INVOKE test-image --target smddp --manifest "$MANIFEST"
 
 step "invoke build --target smddp, again: nothing should rebuild"
-$INVOKE build --target smddp --manifest "$MANIFEST" --progress plain
+$INVOKE build --target smddp --manifest "$MANIFEST" --locked --progress plain

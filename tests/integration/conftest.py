@@ -60,11 +60,14 @@ def upstream(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> It
 
 
 @pytest.fixture(scope="session")
-def sample_manifest(tmp_path_factory: pytest.TempPathFactory, upstream: str) -> Path:
-    """manifests/sample.toml pointing at this session's server."""
+def sample_manifest(tmp_path_factory: pytest.TempPathFactory, upstream: str,
+                    cache_dir: Path) -> Path:
+    """manifests/sample.toml pointing at this session's server, locked."""
     text = (ROOT / "manifests/sample.toml").read_text()
     path = tmp_path_factory.mktemp("manifests") / "sample.toml"
     path.write_text(text.replace(f"http://{SAMPLE_PORT}", upstream))
+    result = invoke("lock", "--manifest", str(path), cache=cache_dir)
+    assert result.returncode == 0, result.stderr
     return path
 
 

@@ -1,0 +1,23 @@
+/* Broadcast: every rank gets the root's input. */
+#include "common.h"
+
+static void getCounts(size_t bytes, int typesize, int nranks, size_t* sendcount, size_t* recvcount,
+                      size_t* paramcount) {
+  (void)nranks;
+  *sendcount = *recvcount = *paramcount = bytes / (size_t)typesize;
+}
+
+static double busFactor(int nranks) { (void)nranks; return 1.0; }
+
+static ncclResult_t run(void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, int rank, int nranks, ncclComm_t comm) {
+  (void)op; (void)rank; (void)nranks;
+  return ncclBroadcast(sendbuff, recvbuff, count, type, root, comm, NULL);
+}
+
+static double expected(size_t i, size_t count, ncclRedOp_t op, int root, int rank, int nranks) {
+  (void)count; (void)op; (void)root; (void)rank; (void)nranks;
+  return inputValue(i);
+}
+
+struct testColl ncclTestColl = {"Broadcast", 0, 1, getCounts, busFactor, run, expected};

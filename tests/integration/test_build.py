@@ -1,0 +1,140 @@
+"""`invoke build` end to end: real BuildKit builds of the sample upstream, checked inside."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import docker_out, invoke
+
+RUN = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def smddp_image(sample_manifest: Path, cache_dir: Path) -> str:
+    tag = f"imageforge-test/smddp:{RUN}"
+    result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest),
+                    "--tag", tag, "--progress", "plain", cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "smddp" in result.stdout and "rebuilt:" in result.stdout
+    return tag
+
+
+def run_in(image: str, script: str) -> str:
+    return docker_out("run", "--rm", "--entrypoint", "bash", image, "-c", script)
+
+
+def test_smddp_image_has_every_stage_in_place(smddp_image: str) -> None:
+    listing = run_in(smddp_image, "ls /opt/amazon/efa/lib /opt/conda/lib /usr/local/lib "
+                                  "/opt/conda/include/boost/version.hpp")
+    assert "libfabric.so" in listing
+    assert "libnccl.so.2.10.3" in listing
+    assert "libnccl-net.so" in listing
+    assert "version.hpp" in listing
+
+
+def test_torch_reports_the_nccl_stage_version(smddp_image: str) -> None:
+    version = run_in(smddp_image, "python -c 'import torch; print(torch.cuda.nccl.version())'")
+    assert version == "(2, 10, 3)"
+
+
+def test_plugin_links_without_missing_libraries(smddp_image: str) -> None:
+    ldd = run_in(smddp_image, "ldd /usr/local/lib/libnccl-net.so")
+    assert "libfabric.so" in ldd and "not found" not in ldd
+
+
+def test_image_carries_labels_and_environment(smddp_image: str, sample_manifest: Path) -> None:
+    config = json.loads(docker_out("image", "inspect", "--format", "{{json .Config}}",
+                                   smddp_image))
+    labels = config["Labels"]
+    assert labels["io.imageforge.target"] == "smddp"
+    assert labels["io.imageforge.version.nccl"] == "2.10.3"
+    plan = json.loads(invoke("plan", "--manifest", str(sample_manifest), "--json").stdout)
+    for stage in plan["stages"]:
+        assert labels[f"io.imageforge.key.{stage['name']}"] == stage["key"]
+    env = dict(item.split("=", 1) for item in config["Env"])
+    assert env["RDMAV_FORK_SAFE"] == "1"
+    assert "/opt/amazon/openmpi/bin" in env["PATH"]
+    assert "/opt/amazon/efa/lib" in env["LD_LIBRARY_PATH"]
+
+
+def test_test_image_runs_every_smoke_check(smddp_image: str, sample_manifest: Path,
+                                           cache_dir: Path) -> None:
+    result = invoke("test-image", "--target", "smddp", "--manifest", str(sample_manifest),
+                    "--image", smddp_image, cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout
+    assert "torch NCCL == nccl stage == loaded libnccl" in result.stdout
+
+
+def test_second_build_rebuilds_nothing_and_says_so(smddp_image: str, sample_manifest: Path,
+                                                   cache_dir: Path) -> None:
+    result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest), "--tag",
+                    smddp_image, "--progress", "plain", cache=cache_dir)
+    assert result.returncode == 0, result.stderr
+    assert "nothing rebuilt" in result.stdout
+    report = sorted((cache_dir / "reports").glob("*-smddp.json"))[-1]
+    stages = json.loads(report.read_text())["stages"]
+    assert {s["state"] for s in stages} == {"cached"}
+
+
+def test_efa_nccl_image_from_sample(sample_manifest: Path, cache_dir: Path) -> None:
+    tag = f"imageforge-test/efa-nccl:{RUN}"
+    result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
+                    "--tag", tag, "--progress", "json", cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert {e["stage"] for e in events} >= {"efa", "nccl", "aws-ofi-nccl", "nccl-tests"}
+    checks = invoke("test-image", "--target", "efa-nccl", "--manifest", str(sample_manifest),
+                    "--image", tag, cache=cache_dir)
+    assert checks.returncode == 0, checks.stdout + checks.stderr
+    out = run_in(tag, "all_reduce_perf -b 8 -e 128 -f 2 -g 1")
+    assert "2.10.3" in out
+
+
+def test_failing_stage_names_itself_and_shows_its_log(sample_manifest: Path,
+                                                      cache_dir: Path) -> None:
+    result = invoke("build", "--target", "efa", "--manifest", str(sample_manifest),
+                    "--set", "stages.efa.flags=-y,--no-such-flag", "--progress", "plain",
+                    cache=cache_dir)
+    assert result.returncode == 7
+    assert "stage efa failed" in result.stderr
+    assert "no-such-flag" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_stopped_daemon_is_one_clear_error(sample_manifest: Path, tmp_path: Path) -> None:
+    result = invoke("build", "--target", "efa", "--manifest", str(sample_manifest),
+                    env={"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
+    assert result.returncode == 6
+    assert "Docker daemon is not running" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+def test_missing_buildx_is_one_clear_error(sample_manifest: Path, tmp_path: Path) -> None:
+    # A docker CLI without the buildx plugin: the real client for everything else.
+    real = docker_out("context", "inspect", "--format", "{{.Name}}")  # daemon reachable
+    assert real
+    shim = tmp_path / "bin" / "docker"
+    shim.parent.mkdir()
+    shim.write_text('#!/bin/sh\nif [ "$1" = buildx ]; then\n'
+                    '  echo "docker: \'buildx\' is not a docker command." >&2; exit 1\nfi\n'
+                    f'exec {docker_path()} "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    result = invoke("build", "--target", "efa", "--manifest", str(sample_manifest),
+                    env={"PATH": f"{shim.parent}:{os.environ['PATH']}"})
+    assert result.returncode == 6
+    assert "buildx is not installed" in result.stderr
+
+
+def docker_path() -> str:
+    import shutil
+
+    path = shutil.which("docker")
+    assert path
+    return path
