@@ -54,11 +54,13 @@ def settings(c: Context, manifest: str | None, overrides: list[str] | None,
     )
 
 
-@task(help={"manifest": MANIFEST_HELP, "set": SET_HELP}, iterable=["set"])
+@task(help={"manifest": MANIFEST_HELP, "set": SET_HELP,
+            "locked": "also fail when the lock file is missing or stale"}, iterable=["set"])
 @boundary
-def check(c: Context, manifest: str | None = None, set: list[str] | None = None) -> None:
-    """Validate a manifest (keys, values, stage graph) and plan every image it defines."""
-    s = settings(c, manifest, set)
+def check(c: Context, manifest: str | None = None, set: list[str] | None = None,  # noqa: A002
+          locked: bool = False) -> None:
+    """Validate a manifest (keys, values, compatibility rules, lock) and plan its images."""
+    s = settings(c, manifest, set, locked=locked)
     for line in project.check(s):
         print(f"  {line}")
     print(f"{s.manifest}: valid")

@@ -18,10 +18,10 @@ from typing import Any
 
 from imageforge import gitsource
 from imageforge.cmd import run
+from imageforge.compat import image_cuda
 from imageforge.dag import closure
 from imageforge.download import download
 from imageforge.errors import FatalError, LockError
-from imageforge.compat import image_cuda
 from imageforge.manifest import Manifest
 from imageforge.ncclpin import NcclPin, pytorch_nccl_pin
 from imageforge.sources import GitSource, Source, SourceCache, UrlSource

@@ -325,8 +325,14 @@ class _Lines:
         _say(f"{source.name}: {'ready' if ok else 'failed'}")
 
 
+_SAY_LOCK = threading.Lock()
+
+
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    # Fetch threads report concurrently; one write per whole line keeps lines apart.
+    with _SAY_LOCK:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 class _Bars:
