@@ -20,12 +20,16 @@ from invoke.tasks import task
 
 from imageforge import project
 from imageforge.errors import FatalError
+from imageforge.plan import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 MANIFEST_HELP = ("manifest TOML (default: manifests/smddp.toml, or imageforge.manifest in "
                  "invoke.yaml)")
 SET_HELP = "override a manifest key, e.g. stages.nccl.version=2.18.6 (repeatable)"
+REMOTE_HELP = ("registry repository of the shared artifact cache, e.g. "
+               "127.0.0.1:5000/imageforge-cache (default: imageforge.remote in invoke.yaml)")
+
 
 
 def boundary(func: F) -> F:
@@ -44,20 +48,21 @@ def boundary(func: F) -> F:
 
 
 def settings(c: Context, manifest: str | None, overrides: list[str] | None,
-             *, locked: bool = False) -> project.Settings:
+             *, locked: bool = False, remote: str | None = None) -> project.Settings:
     config = c.config.get("imageforge", {})
     return project.Settings(
         manifest=Path(manifest or config.get("manifest") or project.DEFAULT_MANIFEST),
         overrides=tuple(overrides or ()),
         cache_dir=Path(config.get("cache_dir") or "cache"),
         locked=locked,
+        remote=remote or config.get("remote") or None,
     )
 
 
 @task(help={"manifest": MANIFEST_HELP, "set": SET_HELP,
             "locked": "also fail when the lock file is missing or stale"}, iterable=["set"])
 @boundary
-def check(c: Context, manifest: str | None = None, set: list[str] | None = None,  # noqa: A002
+def check(c: Context, manifest: str | None = None, set: list[str] | None = None,
           locked: bool = False) -> None:
     """Validate a manifest (keys, values, compatibility rules, lock) and plan its images."""
     s = settings(c, manifest, set, locked=locked)
@@ -69,14 +74,15 @@ def check(c: Context, manifest: str | None = None, set: list[str] | None = None,
 @task(
     help={"target": "stage to plan (any stage name)", "manifest": MANIFEST_HELP, "set": SET_HELP,
           "json": "print the plan as one JSON object",
-          "graph": "also write the DAG (.dot/.svg/.png)"},
+          "graph": "also write the DAG (.dot/.svg/.png)", "remote": REMOTE_HELP},
     iterable=["set"],
 )
 @boundary
 def plan(c: Context, target: str = "smddp", manifest: str | None = None,
-         set: list[str] | None = None, json: bool = False, graph: str | None = None) -> None:
+         set: list[str] | None = None, json: bool = False, graph: str | None = None,
+         remote: str | None = None) -> None:
     """Show the stages a target needs, in build order, with keys and cache status."""
-    s = settings(c, manifest, set)
+    s = settings(c, manifest, set, remote=remote)
     planned = project.plan(s, target)
     if graph:
         from imageforge.graph import write_graph
@@ -113,15 +119,19 @@ def render(c: Context, target: str = "smddp", manifest: str | None = None,
           "builder": "buildx builder to use (default: the current one)",
           "progress": "auto (live table on a terminal), plain, or json lines",
           "dry_run": "print the buildx command and Dockerfile, build nothing",
-          "locked": "refuse a missing or stale lock file (what CI and nightly use)"},
+          "locked": "refuse a missing or stale lock file (what CI and nightly use)",
+          "remote": REMOTE_HELP,
+          "test": "run test-image on a built image target (default; --no-test skips it); "
+                  "a failed check exits 10 after the image is tagged"},
     iterable=["set"],
 )
 @boundary
 def build(c: Context, target: str = "smddp", manifest: str | None = None,
           set: list[str] | None = None, push: bool = False, tag: str | None = None,
           builder: str | None = None, progress: str = "auto", dry_run: bool = False,
-          locked: bool = False) -> None:
-    """Build a target with BuildKit: every stage it needs, in one parallel build."""
+          locked: bool = False, remote: str | None = None, test: bool = True) -> None:
+    """Build a target with BuildKit: every stage it needs, in one parallel build; then run
+    the image's checks (test-image)."""
     from imageforge.build import BuildOptions, summary
     from imageforge.build import build as run_build
 
@@ -129,9 +139,20 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
         raise FatalError(f"--progress {progress}: use auto, plain or json.")
     options = BuildOptions(target=target, tag=tag, push=push, builder=builder,
                            progress=progress, dry_run=dry_run)  # type: ignore[arg-type]
-    result = run_build(settings(c, manifest, set, locked=locked), options)
-    if result is not None:
-        print(summary(result))
+    s = settings(c, manifest, set, locked=locked, remote=remote)
+    result = run_build(s, options)
+    if result is None:
+        return
+    print(summary(result))
+    if not test or not project.is_image(target):
+        return
+    if push:
+        # Nothing local to run: the image went to the registry without being loaded.
+        print(f"checks not run: --push does not load {result.tag} here; "
+              "build without --push, then `invoke test-image`.")
+        return
+    print()
+    check_image(s, project.plan(s, target), result.tag)
 
 
 @task(
@@ -171,28 +192,48 @@ def fetch(c: Context, target: str = "smddp", manifest: str | None = None,
     name="test-image",
     help={"target": "image target whose checks to run (efa-nccl, smddp)",
           "image": "image reference to check (default: the one `build` tags)",
-          "manifest": MANIFEST_HELP, "set": SET_HELP},
+          "manifest": MANIFEST_HELP, "set": SET_HELP,
+          "hardware": "also run the checks that need a GPU or an EFA device (real instances)",
+          "json": "write every check's result to this JSON file",
+          "junit": "write JUnit XML to this file",
+          "report": "write DIR/test-image-<target>.json and DIR/test-image-<target>.xml"},
     iterable=["set"],
 )
 @boundary
 def test_image(c: Context, target: str = "smddp", image: str | None = None,
-               manifest: str | None = None, set: list[str] | None = None) -> None:
-    """Run every stage's smoke checks inside a built image."""
+               manifest: str | None = None, set: list[str] | None = None,
+               hardware: bool = False, json: str | None = None, junit: str | None = None,
+               report: str | None = None) -> None:
+    """Run every stage's smoke checks inside a built image, in one container; exit 10 when
+    one fails. Passing runs are recorded by image digest in cache/tests/."""
     from imageforge.build import default_tag
-    from imageforge.checks import require_passed, run_checks
-    from imageforge.docker import ensure_ready
 
-    planned = project.plan(settings(c, manifest, set), target)
+    s = settings(c, manifest, set)
+    planned = project.plan(s, target)
     if not project.is_image(target):
         raise FatalError(f"--target {target} is a builder stage; test-image checks image "
                          f"targets: {', '.join(project.image_targets())}.")
-    ref = image or default_tag(planned)
-    ensure_ready()
-    results = run_checks(planned, ref)
-    for r in results:
-        print(f"{'ok  ' if r.ok else 'FAIL'} {r.stage:<14} {r.name}")
-    require_passed(results, ref)
-    print(f"{ref}: {len(results)} checks passed")
+    json_path = Path(json) if json else None
+    junit_path = Path(junit) if junit else None
+    if report:
+        json_path = json_path or Path(report) / f"test-image-{target}.json"
+        junit_path = junit_path or Path(report) / f"test-image-{target}.xml"
+    check_image(s, planned, image or default_tag(planned), hardware=hardware,
+                json_path=json_path, junit_path=junit_path)
+
+
+def check_image(s: project.Settings, planned: Plan, image: str, *, hardware: bool = False,
+                json_path: Path | None = None, junit_path: Path | None = None) -> None:
+    """test-image's output, shared with build: the table, the report files, the record of a
+    passing digest, and exit 10 naming every failed check."""
+    from imageforge.checkreport import publish, table
+    from imageforge.checks import require_passed, run_image_tests
+
+    run = run_image_tests(planned, image, hardware=hardware)
+    print(table(run))
+    for path in publish(s.cache_dir, run, json_path=json_path, junit_path=junit_path):
+        print(f"wrote {path}")
+    require_passed(run)
 
 
 @task
@@ -206,5 +247,62 @@ def docs(c: Context) -> None:
     print("README.md: manifest reference " + ("updated" if changed else "already current"))
 
 
-ns = Collection(check, plan, render, lock, fetch, build, test_image, docs)
-ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache"}})
+@task(name="ls", help={"json": "print entries as JSON"})
+@boundary
+def cache_ls(c: Context, json: bool = False) -> None:
+    """List the local artifact cache: stage, key, size, age, last used, hits."""
+    from imageforge.cachecmd import list_entries
+
+    print(list_entries(settings(c, None, None), as_json=json))
+
+
+@task(name="prune", help={"max_size": "keep at most this much, e.g. 20G or 500M",
+                          "older_than": "remove entries unused for this long, e.g. 7d or 12h",
+                          "keep_last": "always keep the N most recently used entries per stage"})
+@boundary
+def cache_prune(c: Context, max_size: str | None = None, older_than: str | None = None,
+                keep_last: int = 0) -> None:
+    """Remove artifacts by age and size (never while a build uses them)."""
+    from imageforge.cachecmd import prune
+
+    print(prune(settings(c, None, None), max_size=max_size, older_than=older_than,
+                keep_last=keep_last))
+
+
+@task(name="push", help={"remote": REMOTE_HELP, "target": "only the stages of this target",
+                         "manifest": MANIFEST_HELP, "set": SET_HELP}, iterable=["set"])
+@boundary
+def cache_push(c: Context, remote: str | None = None, target: str | None = None,
+               manifest: str | None = None, set: list[str] | None = None) -> None:
+    """Push local artifacts to the remote cache (all, or a target's)."""
+    from imageforge.cachecmd import push
+
+    print(push(settings(c, manifest, set, remote=remote), target))
+
+
+@task(name="pull", help={"remote": REMOTE_HELP, "target": "the target whose stages to pull",
+                         "manifest": MANIFEST_HELP, "set": SET_HELP}, iterable=["set"])
+@boundary
+def cache_pull(c: Context, target: str = "smddp", remote: str | None = None,
+               manifest: str | None = None, set: list[str] | None = None) -> None:
+    """Download a target's artifacts from the remote cache into the local one."""
+    from imageforge.cachecmd import pull
+
+    print(pull(settings(c, manifest, set, remote=remote), target))
+
+
+@task(help={"target": "stage to explain", "manifest": MANIFEST_HELP, "set": SET_HELP,
+            "remote": REMOTE_HELP}, iterable=["set"])
+@boundary
+def explain(c: Context, target: str = "smddp", manifest: str | None = None,
+            set: list[str] | None = None, remote: str | None = None) -> None:
+    """For each stage that must rebuild, what differs from its last build here."""
+    from imageforge.cachecmd import explain as explain_plan
+
+    print(explain_plan(settings(c, manifest, set, remote=remote), target))
+
+
+cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
+ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, cache)
+ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
+                             "remote": ""}})

@@ -1,25 +1,38 @@
-"""Run a plan with BuildKit: fetch sources on the host, hand them over as named build
-contexts, build every needed stage in one `docker buildx build`, report per stage."""
+"""Run a plan: build what no cache holds, in one BuildKit (bake) run, and keep the results.
+
+Stages found in the local artifact store or the remote registry reach BuildKit as named
+contexts (oci-layout:// or docker-image://); the rest build in one bake run that also
+exports each newly built stage as an OCI layout, adopted into the store under its key.
+Per-key locks make concurrent builds on one cache share work instead of repeating it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from imageforge import project
+from imageforge import remote as remote_mod
+from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker_binary
 from imageforge.docker import ensure_ready
-from imageforge.errors import BuildError, Interrupted, LockError
+from imageforge.errors import BuildError, CacheError, Interrupted, LockError
+from imageforge.execute import Run, bake_file, make_run, reused, to_build
+from imageforge.keylock import locked_all
 from imageforge.plan import Plan
 from imageforge.progress import BuildProgress, Mode, read_statuses
+from imageforge.remote import Remote
 from imageforge.sources import Source, SourceCache
+from stages import STAGES
 
 LABEL_PREFIX = "io.imageforge"
 
@@ -49,6 +62,7 @@ class BuildResult:
     stages: tuple[StageResult, ...]
     seconds: float
     report: Path | None
+    image_digest: str | None = None
 
     @property
     def rebuilt(self) -> list[str]:
@@ -76,52 +90,229 @@ def labels(planned: Plan) -> dict[str, str]:
     return values
 
 
-def buildx_argv(planned: Plan, options: BuildOptions, *, workdir: Path,
-                contexts: Mapping[str, Path], tag: str) -> list[str]:
-    argv = [docker_binary(), "buildx", "build"]
-    if options.builder:
-        argv += ["--builder", options.builder]
-    argv += ["--file", str(workdir / "Dockerfile"), "--target", planned.target,
-             "--progress", "rawjson", "--tag", tag,
-             "--metadata-file", str(workdir / "metadata.json"),
-             "--platform", str(planned.manifest.image["platform"])]
-    for name, path in sorted(contexts.items()):
-        argv += ["--build-context", f"{name}={path}"]
-    for key, value in sorted(labels(planned).items()):
-        argv += ["--label", f"{key}={value}"]
-    argv.append("--push" if options.push else "--load")
-    argv.append(str(workdir / "context"))
-    return argv
-
-
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:
-    planned = project.plan(settings, options.target)
-    workdir = (settings.cache_dir / "build" / options.target).resolve()
-    dockerfile = project.dockerfile(planned)
-    tag = options.tag or default_tag(planned)
-    cache = project.source_cache(settings)
-    if options.dry_run:
-        contexts = {src.name: _planned_path(cache, src) for src in planned.sources()}
-        print("+ " + shlex.join(buildx_argv(planned, options, workdir=workdir,
-                                            contexts=contexts, tag=tag)))
-        print(dockerfile, end="")
-        return None
-    ensure_ready(options.builder)
-    contexts = cache.materialize_all(planned.sources())
-    (workdir / "context").mkdir(parents=True, exist_ok=True)
-    (workdir / "Dockerfile").write_text(dockerfile)
-    argv = buildx_argv(planned, options, workdir=workdir, contexts=contexts, tag=tag)
+    store = project.artifact_store(settings)
+    with remote_mod.session(settings.remote) as remote:
+        planned = project.plan(settings, options.target, remote=remote)
+        if options.dry_run:
+            _print_dry_run(settings, planned, options)
+            return None
+        ensure_ready(options.builder)
+        for _ in range(5):
+            building = to_build(planned)
+            using = reused(planned, building)
+            keys = [(store.lock_path(planned.stage(n).key), False, n) for n in building]
+            keys += [(store.lock_path(planned.stage(n).key), True, n) for n in using
+                     if planned.stage(n).status == "cached"]
+            with locked_all(keys):
+                # Another build may have stored (or pruned) keys while we waited.
+                fresh = project.with_statuses(planned, store, remote)
+                if to_build(fresh) != building or reused(fresh, building) != using:
+                    planned = fresh
+                    continue
+                contexts = _reuse_contexts(store, remote, fresh, using)
+                if contexts is None:
+                    planned = project.with_statuses(fresh, store, remote)
+                    continue
+                return _execute(settings, options, store, remote, fresh, building, contexts)
+        raise CacheError("the artifact cache kept changing under this build (other builds or "
+                         "prunes running); run it again.")
+
+
+def _reuse_contexts(store: ArtifactStore, remote: Remote | None, planned: Plan,
+                    using: Sequence[str]) -> dict[str, str] | None:
+    """Named contexts for cached stages; None when a local entry turned out corrupt (it is
+    discarded, and the caller plans again)."""
+    contexts: dict[str, str] = {}
+    for name in using:
+        stage = planned.stage(name)
+        if stage.status == "remote":
+            assert remote is not None
+            contexts[name] = f"docker-image://{remote.ref(name, stage.key)}"
+            continue
+        entry = store.verify(stage.key)
+        if entry is None:
+            return None
+        contexts[name] = entry.context
+    return contexts
+
+
+def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+             remote: Remote | None, planned: Plan, building: list[str],
+             contexts: dict[str, str]) -> BuildResult:
     started = time.time()
-    progress = BuildProgress([s.name for s in planned.stages], options.progress)
-    _run_buildx(argv, progress)
+    sources = [src for name in building for src in planned.stage(name).sources]
+    contexts.update({name: str(path) for name, path in
+                     project.source_cache(settings).materialize_all(sources).items()})
+    scratch = store.scratch()
+    try:
+        run = make_run(planned, STAGES, building, contexts)
+        artifact_dirs = {name: scratch / name for name in building}
+        tag = options.tag or default_tag(planned)
+        workdir = scratch / "build"
+        (workdir / "context").mkdir(parents=True)
+        (workdir / "Dockerfile").write_text(run.dockerfile)
+        bake = bake_file(run, workdir=workdir, tag=tag, labels=labels(planned),
+                         platform=str(planned.manifest.image["platform"]), push=options.push,
+                         artifact_dirs=artifact_dirs)
+        (workdir / "bake.json").write_text(json.dumps(bake, indent=2))
+        progress = BuildProgress([s.name for s in planned.stages], options.progress)
+        for name in contexts:
+            if name in progress.stages:
+                progress.preset(name, "remote" if planned.stage(name).status == "remote"
+                                else "cached")
+        argv = [docker_binary(), "buildx", "bake", "-f", str(workdir / "bake.json"),
+                "--progress", "rawjson", "--metadata-file", str(workdir / "metadata.json")]
+        if options.builder:
+            argv[3:3] = ["--builder", options.builder]
+        _run_bake(argv, progress, remote)
+        metadata = _read_json(workdir / "metadata.json")
+        _keep_artifacts(store, planned, building, artifact_dirs, progress)
+        for name in contexts:
+            if name in progress.stages and planned.stage(name).status == "cached":
+                store.touch(planned.stage(name).key)
+        if remote is not None:
+            push_entries(store, remote, [planned.stage(n).key for n in building])
+        _save_last_build(settings, planned, building)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     results = tuple(
         StageResult(name=s.name, key=s.key, state=progress.stages[s.name].state,
                     seconds=round(progress.stages[s.name].seconds, 2))
         for s in planned.stages)
     result = BuildResult(target=planned.target, tag=tag, stages=results,
-                         seconds=round(time.time() - started, 2), report=None)
-    report = write_report(settings.cache_dir, planned, result, workdir)
+                         seconds=round(time.time() - started, 2), report=None,
+                         image_digest=metadata.get("image", {}).get("containerimage.digest"))
+    report = write_report(settings.cache_dir, planned, result)
     return dataclasses.replace(result, report=report)
+
+
+def _run_bake(argv: list[str], progress: BuildProgress, remote: Remote | None) -> None:
+    other: list[str] = []
+    env = {**os.environ, **(remote.env if remote else {})}
+    with progress, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, env=env) as proc:
+        assert proc.stderr is not None
+        try:
+            for status in read_statuses(proc.stderr, other):
+                progress.feed(status)
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait(timeout=30)
+            raise Interrupted("build interrupted; BuildKit stopped, nothing was stored or "
+                              "tagged.") from None
+        code = proc.wait()
+        if code == 0:
+            progress.succeeded()
+            return
+    failed = [s for s in progress.stages.values() if s.state == "failed"]
+    if failed:
+        stage = failed[0]
+        tail = "\n".join(f"    {line}" for line in list(stage.log)[-15:])
+        raise BuildError(f"stage {stage.name} failed: {stage.error}\n{tail}")
+    detail = "\n".join(f"    {line}" for line in other[-10:]) or "    (no output)"
+    raise BuildError(f"docker buildx bake failed (exit {code}):\n{detail}")
+
+
+def _keep_artifacts(store: ArtifactStore, planned: Plan, building: list[str],
+                    artifact_dirs: Mapping[str, Path], progress: BuildProgress) -> None:
+    for name in building:
+        stage = planned.stage(name)
+        store.add(key=stage.key, stage=name, inputs=stage.inputs, layout=artifact_dirs[name],
+                  build_seconds=progress.stages[name].seconds)
+
+
+def push_entries(store: ArtifactStore, remote: Remote, keys: Sequence[str]) -> list[str]:
+    """Push local artifacts to the registry; a failure is a warning (the build stands)."""
+    entries = [e for e in (store.get(k) for k in keys) if e is not None]
+    if not entries:
+        return []
+    targets = {
+        f"push-{i}": {"dockerfile-inline": "FROM artifact\n", "context": str(store.root),
+                      "contexts": {"artifact": e.context},
+                      "output": [f"type=registry,name={remote.ref(e.stage, e.key)}"]}
+        for i, e in enumerate(entries)
+    }
+    ok = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
+                               "target": targets}, remote)
+    if not ok:
+        remote_mod.warn_unavailable(remote, "pushing artifacts failed")
+        return []
+    return [e.key for e in entries]
+
+
+def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[str, str]],
+                 ) -> list[str]:
+    """Download (stage, key) artifacts from the registry into the local store."""
+    scratch = store.scratch()
+    try:
+        dirs = {key: scratch / key[7:] for _, key in wanted}
+        targets = {
+            f"pull-{i}": {"dockerfile-inline": "FROM artifact\n", "context": str(scratch),
+                          "contexts": {"artifact": f"docker-image://{remote.ref(stage, key)}"},
+                          "output": [f"type=oci,dest={dirs[key]},tar=false"]}
+            for i, (stage, key) in enumerate(wanted)
+        }
+        if not targets:
+            return []
+        if not _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
+                                     "target": targets}, remote):
+            raise CacheError(f"could not pull artifacts from {remote.repository}; is it "
+                             "reachable and are the credentials right?")
+        for stage, key in wanted:
+            store.add(key=key, stage=stage, inputs={}, layout=dirs[key], build_seconds=0.0)
+        return [key for _, key in wanted]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote) -> bool:
+    scratch = store.scratch()
+    try:
+        (scratch / "bake.json").write_text(json.dumps(bake))
+        proc = subprocess.run(
+            [docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
+             "--progress", "quiet"],
+            capture_output=True, env={**os.environ, **remote.env}, check=False, timeout=3600)
+        return proc.returncode == 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _save_last_build(settings: project.Settings, planned: Plan, building: list[str]) -> None:
+    """What each stage was last built from, for `invoke explain`."""
+    last = settings.cache_dir / "artifacts" / "last"
+    last.mkdir(parents=True, exist_ok=True)
+    for name in building:
+        stage = planned.stage(name)
+        record = {"key": stage.key, "inputs": dict(stage.inputs),
+                  "deps": {d: planned.stage(d).key for d in stage.deps},
+                  "recipe": stage.recipe}
+        tmp = last / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+        tmp.replace(last / f"{name}.json")
+
+
+def _print_dry_run(settings: project.Settings, planned: Plan, options: BuildOptions) -> None:
+    cache = project.source_cache(settings)
+    building = to_build(planned)
+    contexts = {src.name: str(_planned_path(cache, src))
+                for name in building for src in planned.stage(name).sources}
+    for name in reused(planned, building):
+        contexts[name] = f"<{planned.stage(name).status} artifact {planned.stage(name).key[:19]}>"
+    run: Run = make_run(planned, STAGES, building, contexts)
+    workdir = settings.cache_dir.resolve() / "build" / planned.target
+    bake = bake_file(run, workdir=workdir, tag=options.tag or default_tag(planned),
+                     labels=labels(planned), platform=str(planned.manifest.image["platform"]),
+                     push=options.push,
+                     artifact_dirs={n: workdir / "artifacts" / n for n in building})
+    print("+ " + shlex.join([docker_binary(), "buildx", "bake", "-f",
+                             str(workdir / "bake.json"), "--progress", "rawjson"]))
+    print(f"# stages to build: {', '.join(building) or 'none'}")
+    print("# bake.json")
+    print(json.dumps(bake, indent=2))
+    print("# Dockerfile")
+    print(run.dockerfile, end="")
 
 
 def _planned_path(cache: SourceCache, source: Source) -> Path:
@@ -132,44 +323,23 @@ def _planned_path(cache: SourceCache, source: Source) -> Path:
         return Path(f"<unlocked: run invoke lock>/{source.name}")
 
 
-def _run_buildx(argv: list[str], progress: BuildProgress) -> None:
-    other: list[str] = []
-    with progress, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE) as proc:
-        assert proc.stderr is not None
-        try:
-            for status in read_statuses(proc.stderr, other):
-                progress.feed(status)
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(timeout=30)
-            raise Interrupted("build interrupted; BuildKit stopped, nothing was tagged.") from None
-        code = proc.wait()
-    if code == 0:
-        return
-    failed = [s for s in progress.stages.values() if s.state == "failed"]
-    if failed:
-        stage = failed[0]
-        tail = "\n".join(f"    {line}" for line in list(stage.log)[-15:])
-        raise BuildError(f"stage {stage.name} failed: {stage.error}\n{tail}")
-    detail = "\n".join(f"    {line}" for line in other[-10:]) or "    (no output)"
-    raise BuildError(f"docker buildx build failed (exit {code}):\n{detail}")
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def write_report(cache_dir: Path, planned: Plan, result: BuildResult, workdir: Path) -> Path:
+def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
     """cache/reports/<timestamp>-<target>.json: what was built, how, and how long it took."""
-    metadata: dict[str, Any] = {}
-    meta_path = workdir / "metadata.json"
-    if meta_path.exists():
-        metadata = json.loads(meta_path.read_text() or "{}")
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     report = {
         "target": result.target,
         "manifest": project.manifest_label(planned.manifest.path),
         "manifest_digest": planned.manifest.digest(),
         "tag": result.tag,
-        "image_digest": metadata.get("containerimage.digest"),
-        "image_config_digest": metadata.get("containerimage.config.digest"),
+        "image_digest": result.image_digest,
         "seconds": result.seconds,
         "stages": [dataclasses.asdict(s) for s in result.stages],
     }
@@ -185,8 +355,8 @@ def write_report(cache_dir: Path, planned: Plan, result: BuildResult, workdir: P
 def summary(result: BuildResult) -> str:
     lines = [f"{'stage':<14} {'result':<8} {'seconds':>8}"]
     lines += [f"{s.name:<14} {s.state:<8} {s.seconds:>8.1f}" for s in result.stages]
-    rebuilt = result.rebuilt
     lines.append(f"image {result.tag}  ({result.seconds:.1f}s)")
+    rebuilt = result.rebuilt
     lines.append(f"rebuilt: {', '.join(rebuilt)}" if rebuilt
-                 else "nothing rebuilt: BuildKit had every stage cached")
+                 else "nothing rebuilt: every stage came from the artifact cache")
     return "\n".join(lines)

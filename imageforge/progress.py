@@ -22,10 +22,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-State = Literal["waiting", "building", "cached", "built", "failed"]
+State = Literal["waiting", "building", "cached", "remote", "built", "failed"]
 Mode = Literal["auto", "plain", "json", "tty"]
 
-_VERTEX = re.compile(r"^\[(?P<stage>[a-z0-9][a-z0-9._-]*) \d+/\d+\]")
+# "[nccl 2/3] RUN ..." from build; "[image nccl 2/3] RUN ..." from bake (target first).
+_VERTEX = re.compile(r"^\[(?:[a-z0-9._-]+ )?(?P<stage>[a-z0-9][a-z0-9._-]*) \d+/\d+\]")
 _FRACTION = re.compile(r"(\.\d{6})\d+")
 
 
@@ -53,16 +54,22 @@ class _Vertex:
 class StageProgress:
     name: str
     vertices: dict[str, _Vertex] = dataclasses.field(default_factory=dict)
+    # Set when the build succeeded: a stage BuildKit never reported had nothing to do.
+    succeeded: bool = False
+    # Stages that come from the artifact cache: BuildKit only reads them.
+    reused: State | None = None
     log: collections.deque[str] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=40))
 
     @property
     def state(self) -> State:
+        if self.reused is not None:
+            return self.reused
         vs = list(self.vertices.values())
         if any(v.error for v in vs):
             return "failed"
         if not vs or all(v.started is None for v in vs):
-            return "waiting"
+            return "cached" if self.succeeded else "waiting"
         if any(v.completed is None for v in vs):
             return "building"
         # BuildKit never marks a FROM as cached; it builds nothing, so it does not count.
@@ -114,6 +121,22 @@ class BuildProgress:
                 self.stages[vertex.stage].log.extend(text.splitlines())
         self._show()
 
+    def preset(self, name: str, state: State) -> None:
+        """Mark a stage that comes from the artifact cache."""
+        self.stages[name].reused = state
+
+    def succeeded(self) -> None:
+        """The build finished without error: settle every stage and show the final states.
+        Bake reports a step shared by several targets once per target but completes it
+        once; the copies that never completed did no work of their own."""
+        for stage in self.stages.values():
+            stage.succeeded = True
+            for vertex in stage.vertices.values():
+                if vertex.completed is None:
+                    vertex.completed = vertex.started or time.time()
+                    vertex.cached = True
+        self._show()
+
     def _vertex(self, raw: dict[str, Any]) -> None:
         match = _VERTEX.match(raw.get("name", ""))
         if match is None or match.group("stage") not in self.stages:
@@ -148,15 +171,15 @@ class BuildProgress:
         else:
             elapsed = time.time() - self._started
             print(f"[{elapsed:7.1f}s] {stage.name:<14} {state}"
-                  + (f" ({stage.seconds:.1f}s)" if state in ("built", "cached", "failed") else ""),
+                  + (f" ({stage.seconds:.1f}s)" if state in ("built", "failed") else ""),
                   file=self.out, flush=True)
 
     def _table(self) -> Table:
         table = Table(title="imageforge build", expand=False)
         for column in ("stage", "state", "seconds"):
             table.add_column(column)
-        colours = {"waiting": "dim", "building": "yellow", "cached": "green", "built": "cyan",
-                   "failed": "red"}
+        colours = {"waiting": "dim", "building": "yellow", "cached": "green", "remote": "green",
+                   "built": "cyan", "failed": "red"}
         for stage in self.stages.values():
             state = stage.state
             table.add_row(stage.name, f"[{colours[state]}]{state}[/]", f"{stage.seconds:.1f}")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from imageforge import compat, lock
 from imageforge import manifest as manifest_mod
+from imageforge.artifacts import ArtifactStore
 from imageforge.manifest import Manifest
-from imageforge.plan import Plan, defined_targets, make_plan
+from imageforge.plan import Plan, Status, defined_targets, make_plan
+from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.render import render_dockerfile
 from imageforge.sources import SourceCache
 from stages import STAGES
@@ -24,6 +27,8 @@ class Settings:
     cache_dir: Path = Path("cache")
     # Refuse a missing or stale lock instead of planning from the manifest alone.
     locked: bool = False
+    # Registry repository of the shared artifact cache, e.g. "127.0.0.1:5000/imageforge-cache".
+    remote: str | None = None
 
 
 def load_manifest(settings: Settings) -> Manifest:
@@ -36,8 +41,36 @@ def load_manifest(settings: Settings) -> Manifest:
     return lock.apply(loaded, current, STAGES)
 
 
-def plan(settings: Settings, target: str) -> Plan:
-    return make_plan(load_manifest(settings), target, STAGES)
+def plan(settings: Settings, target: str, *, remote: Remote | None = None) -> Plan:
+    """The plan with each stage's status: in the local artifact store, in the remote one,
+    or to be built."""
+    planned = make_plan(load_manifest(settings), target, STAGES)
+    return with_statuses(planned, artifact_store(settings), remote)
+
+
+def with_statuses(planned: Plan, store: ArtifactStore, remote: Remote | None) -> Plan:
+    statuses: dict[str, Status] = {}
+    missing = []
+    for stage in planned.stages:
+        if store.get(stage.key) is not None:
+            statuses[stage.name] = "cached"
+        else:
+            missing.append(stage)
+    if remote is not None and missing:
+        try:
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                found = list(pool.map(lambda s: remote.exists(s.name, s.key), missing))
+        except RemoteUnavailable as exc:
+            warn_unavailable(remote, str(exc))
+            found = [False] * len(missing)
+        statuses.update({s.name: "remote" for s, ok in zip(missing, found, strict=True) if ok})
+    stages = tuple(dataclasses.replace(s, status=statuses.get(s.name, "build"))
+                   for s in planned.stages)
+    return dataclasses.replace(planned, stages=stages)
+
+
+def artifact_store(settings: Settings) -> ArtifactStore:
+    return ArtifactStore(settings.cache_dir / "artifacts")
 
 
 def source_cache(settings: Settings) -> SourceCache:

@@ -88,15 +88,26 @@ def test_plan_graph_writes_dot_coloured_by_status(tmp_path: Path) -> None:
     assert "fillcolor" in dot
 
 
-def test_build_dry_run_prints_buildx_command_and_dockerfile() -> None:
-    result = invoke("build", "--target", "efa-nccl", "--manifest", "manifests/efa-nccl.toml",
-                    "--dry-run")
+def test_build_dry_run_prints_bake_command_bake_file_and_dockerfile(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "invoke", "-r", str(ROOT), "build", "--target", "efa-nccl",
+         "--manifest", "manifests/efa-nccl.toml", "--dry-run"],
+        cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
-    assert first.startswith("+ ") and " buildx build " in first
-    assert "--build-context src-efa=/" in first and "--target efa-nccl" in first
-    assert "src-nccl=<unlocked: run invoke lock>" in first
+    assert first.startswith("+ ") and " buildx bake -f " in first
+    bake_text = result.stdout.split("# bake.json\n", 1)[1].split("# Dockerfile\n", 1)[0]
+    bake = json.loads(bake_text)
+    image = bake["target"]["image"]
+    assert image["contexts"]["src-efa"].startswith(str(tmp_path))
+    assert image["contexts"]["src-nccl"] == "<unlocked: run invoke lock>/src-nccl"
+    assert image["labels"]["io.imageforge.target"] == "efa-nccl"
+    assert set(bake["target"]) == {"image", *(f"artifact-{s}" for s in (
+        "base", "efa", "nccl", "aws-ofi-nccl", "nccl-tests", "efa-nccl"))}
     assert "FROM efa AS efa-nccl" in result.stdout
+    assert "FROM scratch AS imageforge-artifact-nccl" in result.stdout
+    assert not any(tmp_path.iterdir()), "a dry run writes nothing"
 
 
 def test_config_env_var_sets_the_default_manifest() -> None:
