@@ -21,10 +21,11 @@ docker:
 	scripts/setup-host.sh
 	scripts/base-image.sh $(BASE_IMAGE)
 
-# The sample upstream's unit tests build its aws-ofi-nccl (autotools) on the host.
+# The sample upstream's unit tests build its aws-ofi-nccl (autotools) on the host; the
+# signature tests make and check OpenPGP signatures with gpg.
 host-tools:
-	@command -v autoreconf >/dev/null && command -v libtoolize >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq autoconf automake libtool)
+	@command -v autoreconf >/dev/null && command -v libtoolize >/dev/null && command -v gpg >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq autoconf automake libtool gnupg)
 
 test: setup host-tools docker
 	$(BIN)/pytest -q tests/unit tests/integration

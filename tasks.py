@@ -20,6 +20,7 @@ from invoke.tasks import task
 
 from imageforge import project
 from imageforge.errors import FatalError
+from imageforge.mirror import parse_rewrites
 from imageforge.plan import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,6 +30,8 @@ MANIFEST_HELP = ("manifest TOML (default: manifests/smddp.toml, or imageforge.ma
 SET_HELP = "override a manifest key, e.g. stages.nccl.version=2.18.6 (repeatable)"
 REMOTE_HELP = ("registry repository of the shared artifact cache, e.g. "
                "127.0.0.1:5000/imageforge-cache (default: imageforge.remote in invoke.yaml)")
+MIRROR_HELP = ("fetch only from this mirror (a directory or URL made by mirror.sync); "
+               "the original URLs are never contacted")
 
 
 
@@ -48,7 +51,8 @@ def boundary(func: F) -> F:
 
 
 def settings(c: Context, manifest: str | None, overrides: list[str] | None,
-             *, locked: bool = False, remote: str | None = None) -> project.Settings:
+             *, locked: bool = False, remote: str | None = None,
+             mirror: str | None = None) -> project.Settings:
     config = c.config.get("imageforge", {})
     return project.Settings(
         manifest=Path(manifest or config.get("manifest") or project.DEFAULT_MANIFEST),
@@ -56,6 +60,8 @@ def settings(c: Context, manifest: str | None, overrides: list[str] | None,
         cache_dir=Path(config.get("cache_dir") or "cache"),
         locked=locked,
         remote=remote or config.get("remote") or None,
+        rewrites=parse_rewrites(config.get("rewrite")),
+        mirror=mirror,
     )
 
 
@@ -120,7 +126,7 @@ def render(c: Context, target: str = "smddp", manifest: str | None = None,
           "progress": "auto (live table on a terminal), plain, or json lines",
           "dry_run": "print the buildx command and Dockerfile, build nothing",
           "locked": "refuse a missing or stale lock file (what CI and nightly use)",
-          "remote": REMOTE_HELP,
+          "remote": REMOTE_HELP, "mirror": MIRROR_HELP,
           "test": "run test-image on a built image target (default; --no-test skips it); "
                   "a failed check exits 10 after the image is tagged"},
     iterable=["set"],
@@ -129,7 +135,8 @@ def render(c: Context, target: str = "smddp", manifest: str | None = None,
 def build(c: Context, target: str = "smddp", manifest: str | None = None,
           set: list[str] | None = None, push: bool = False, tag: str | None = None,
           builder: str | None = None, progress: str = "auto", dry_run: bool = False,
-          locked: bool = False, remote: str | None = None, test: bool = True) -> None:
+          locked: bool = False, remote: str | None = None, test: bool = True,
+          mirror: str | None = None) -> None:
     """Build a target with BuildKit: every stage it needs, in one parallel build; then run
     the image's checks (test-image)."""
     from imageforge.build import BuildOptions, summary
@@ -139,7 +146,7 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
         raise FatalError(f"--progress {progress}: use auto, plain or json.")
     options = BuildOptions(target=target, tag=tag, push=push, builder=builder,
                            progress=progress, dry_run=dry_run)  # type: ignore[arg-type]
-    s = settings(c, manifest, set, locked=locked, remote=remote)
+    s = settings(c, manifest, set, locked=locked, remote=remote, mirror=mirror)
     result = run_build(s, options)
     if result is None:
         return
@@ -157,19 +164,21 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
 
 @task(
     help={"manifest": MANIFEST_HELP, "set": SET_HELP,
-          "upgrade": "re-resolve every ref and URL, not only new or changed ones",
+          "upgrade": "re-resolve every ref and URL, and move stages with a version policy "
+                     "to the newest release it allows",
+          "stage": "limit --upgrade to this stage (repeatable)",
           "check": "only verify that the lock exists and matches the manifest"},
-    iterable=["set"],
+    iterable=["set", "stage"],
 )
 @boundary
 def lock(c: Context, manifest: str | None = None, set: list[str] | None = None,
-         upgrade: bool = False, check: bool = False) -> None:
+         upgrade: bool = False, stage: list[str] | None = None, check: bool = False) -> None:
     """Resolve every sha256, commit and base digest into <manifest>.lock.json."""
     s = settings(c, manifest, set)
     if check:
         print(f"{project.check_lock(s)}: up to date")
         return
-    path, changes = project.write_lock(s, upgrade=upgrade)
+    path, changes = project.write_lock(s, upgrade=upgrade, stages=tuple(stage or ()))
     for line in changes:
         print(f"  {line}")
     print(f"{path}: {'updated' if changes else 'unchanged'}")
@@ -177,14 +186,15 @@ def lock(c: Context, manifest: str | None = None, set: list[str] | None = None,
 
 @task(
     help={"target": "stage whose sources to fetch (and its dependencies')",
-          "manifest": MANIFEST_HELP, "set": SET_HELP},
+          "manifest": MANIFEST_HELP, "set": SET_HELP, "mirror": MIRROR_HELP},
     iterable=["set"],
 )
 @boundary
 def fetch(c: Context, target: str = "smddp", manifest: str | None = None,
-          set: list[str] | None = None) -> None:
+          set: list[str] | None = None, mirror: str | None = None) -> None:
     """Download and verify every source a target needs into the source cache."""
-    for name, path in sorted(project.fetch(settings(c, manifest, set), target).items()):
+    fetched = project.fetch(settings(c, manifest, set, mirror=mirror), target)
+    for name, path in sorted(fetched.items()):
         print(f"{name:<20} {path}")
 
 
@@ -198,6 +208,8 @@ def fetch(c: Context, target: str = "smddp", manifest: str | None = None,
           "junit": "write JUnit XML to this file",
           "report": "write DIR/test-image-<target>.json and DIR/test-image-<target>.xml"},
     iterable=["set"],
+    # Long flags only: an automatic -h for --hardware would read as --help.
+    auto_shortflags=False,
 )
 @boundary
 def test_image(c: Context, target: str = "smddp", image: str | None = None,
@@ -302,7 +314,40 @@ def explain(c: Context, target: str = "smddp", manifest: str | None = None,
     print(explain_plan(settings(c, manifest, set, remote=remote), target))
 
 
+@task(name="sync", help={"to": "directory to write the mirror into", "manifest": MANIFEST_HELP,
+                         "set": SET_HELP}, iterable=["set"])
+@boundary
+def mirror_sync(c: Context, to: str, manifest: str | None = None,
+                set: list[str] | None = None) -> None:
+    """Copy every source of a locked manifest into DIR (files, bare git repos, index.json)
+    for air-gapped builds with --mirror DIR."""
+    print(project.mirror_sync(settings(c, manifest, set), Path(to)))
+
+
 cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
-ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, cache)
+mirror = Collection("mirror", mirror_sync)
+ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, cache,
+               mirror)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
-                             "remote": ""}})
+                             "remote": "", "rewrite": ""}})
+
+
+@task(help={"repeats": "no-op rebuilds per tool, median reported (cold and one-pin builds "
+                       "run once: repeating them needs a prune and a cold rebuild)",
+            "out": "results file (default bench/results.json)",
+            "sizes": "synthetic graph sizes for planning at scale, e.g. 10,100,1000",
+            "builds": "run the image builds (--no-builds: planning at scale only)",
+            "keep": "keep the work directory (upstream, manifest, Dockerfiles)"})
+@boundary
+def bench(c: Context, repeats: int = 3, out: str = "bench/results.json",
+          sizes: str = "10,100,1000", builds: bool = True, keep: bool = False) -> None:
+    """Benchmark imageforge against one plain Dockerfile on the sample upstream (several
+    minutes; prunes BuildKit's build cache before each cold build; best on an idle machine)."""
+    from bench.run import Options, run_benchmark
+
+    print(run_benchmark(Options(repeats=repeats, out=Path(out),
+                                sizes=tuple(int(s) for s in sizes.split(",") if s.strip()),
+                                builds=builds, keep=keep)))
+
+
+ns.add_task(bench)

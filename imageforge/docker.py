@@ -40,3 +40,11 @@ def image_labels(ref: str) -> dict[str, str]:
 
 def image_exists(ref: str) -> bool:
     return docker("image", "inspect", ref).returncode == 0
+
+
+def image_digest(ref: str) -> str:
+    """The local image's ID: with the containerd image store, the digest a push publishes."""
+    result = docker("image", "inspect", "--format", "{{.Id}}", ref)
+    if result.returncode != 0:
+        raise DockerError(f"image {ref} is not in the local Docker image store; build it first.")
+    return result.stdout.decode().strip()

@@ -6,6 +6,7 @@ are checked before git sees them: a value starting with ``-`` would be read as a
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import os
@@ -13,7 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -79,11 +80,13 @@ def checkout(
     dest: Path,
     *,
     submodules: Sequence[str] | bool = False,
+    config: Mapping[str, str] | None = None,
 ) -> None:
     """Materialise exactly `commit`'s tree into `dest`, without any .git, atomically.
 
     `submodules`: False for none, True for all (recursively), or the paths to initialise
     (recursively inside them). `dest` must not exist; on failure it is not created.
+    `config`: extra git configuration for the fetches (url.*.insteadOf, http.*.extraHeader).
     """
     remote = _remote(repo)
     _check_commit(repo, commit)
@@ -96,10 +99,10 @@ def checkout(
         tree = scratch / "tree"
         _run(repo, ["init", "--quiet", str(tree)], "could not create a work tree for")
         _run(repo, ["remote", "add", "origin", remote], "could not configure", cwd=tree)
-        _fetch_commit(repo, commit, tree)
+        _fetch_commit(repo, commit, tree, config)
         _checkout_commit(repo, commit, tree)
         if paths is not None:
-            _update_submodules(repo, commit, paths, tree)
+            _update_submodules(repo, commit, paths, tree, config)
         _remove_git_dirs(tree)
         tree.rename(dest)
     finally:
@@ -195,17 +198,26 @@ def _submodule_paths(repo: str, submodules: Sequence[str] | bool) -> list[str] |
     return paths
 
 
-def _git_env() -> dict[str, str]:
+def _git_env(config: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in REPOSITORY_ENV}
     # Never wait for a password on a terminal; fail instead. LC_ALL keeps messages parseable.
     env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    # Extra configuration travels in the environment, not on the command line that any
+    # process can read: it may carry an Authorization header.
+    start = int(env.get("GIT_CONFIG_COUNT", "0") or "0")
+    for number, (key, value) in enumerate((config or {}).items(), start=start):
+        env[f"GIT_CONFIG_KEY_{number}"] = key
+        env[f"GIT_CONFIG_VALUE_{number}"] = value
+    if config:
+        env["GIT_CONFIG_COUNT"] = str(start + len(config))
     return env
 
 
-def _git(args: Sequence[str], *, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+def _git(args: Sequence[str], *, cwd: Path | None = None,
+         config: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     try:
         return subprocess.run(
-            ["git", *GIT_CONFIG, *args], cwd=cwd, env=_git_env(), stdin=subprocess.DEVNULL,
+            ["git", *GIT_CONFIG, *args], cwd=cwd, env=_git_env(config), stdin=subprocess.DEVNULL,
             capture_output=True, check=False,
         )
     except FileNotFoundError:
@@ -214,9 +226,10 @@ def _git(args: Sequence[str], *, cwd: Path | None = None) -> subprocess.Complete
         ) from None
 
 
-def _run(repo: str, args: Sequence[str], failure: str, *, cwd: Path | None = None) -> bytes:
+def _run(repo: str, args: Sequence[str], failure: str, *, cwd: Path | None = None,
+         config: Mapping[str, str] | None = None) -> bytes:
     """Run git and return its stdout; `failure` + repo + git's last error line otherwise."""
-    proc = _git(args, cwd=cwd)
+    proc = _git(args, cwd=cwd, config=config)
     if proc.returncode != 0:
         raise SourceError(
             f"{failure} {redact(repo)} ({_last_line(proc, repo)}); check the repository URL and "
@@ -253,14 +266,16 @@ def _missing_ref(repo: str, remote: str, ref: str) -> SourceError:
     )
 
 
-def _fetch_commit(repo: str, commit: str, tree: Path) -> None:
-    shallow = _git(["fetch", "--quiet", "--no-tags", "--depth", "1", "origin", commit], cwd=tree)
+def _fetch_commit(repo: str, commit: str, tree: Path,
+                  config: Mapping[str, str] | None = None) -> None:
+    shallow = _git(["fetch", "--quiet", "--no-tags", "--depth", "1", "origin", commit], cwd=tree,
+                   config=config)
     if shallow.returncode == 0:
         return
     # Servers speaking the old protocol refuse to send a commit that no ref points at;
     # fetching every branch and tag still finds it when it is reachable.
     _run(repo, ["fetch", "--quiet", "--tags", "origin"], f"could not fetch {commit} from",
-         cwd=tree)
+         cwd=tree, config=config)
 
 
 def _checkout_commit(repo: str, commit: str, tree: Path) -> None:
@@ -278,11 +293,13 @@ def _checkout_commit(repo: str, commit: str, tree: Path) -> None:
         )
 
 
-def _update_submodules(repo: str, commit: str, paths: list[str], tree: Path) -> None:
+def _update_submodules(repo: str, commit: str, paths: list[str], tree: Path,
+                       config: Mapping[str, str] | None) -> None:
     # Blobless clones keep big submodule histories cheap; servers without filter support
     # simply send everything.
     _run(repo, ["submodule", "update", "--init", "--recursive", "--filter=blob:none", "--",
-                *paths], f"could not fetch the submodules at {commit} of", cwd=tree)
+                *paths], f"could not fetch the submodules at {commit} of", cwd=tree,
+         config=config)
 
 
 def _remove_git_dirs(tree: Path) -> None:
@@ -347,3 +364,80 @@ def _update_mirror(repo: str, commit: str, mirror: Path) -> None:
             f"commit {commit} is not in {redact(repo)}; run `invoke lock` to pin an existing "
             "commit"
         )
+
+
+# ---- bare mirrors for air-gapped builds -------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Submodule:
+    path: str
+    url: str  # as .gitmodules writes it: absolute, or relative to the superproject's URL
+    commit: str
+
+
+def mirror_commit(repo: str, commit: str, bare: Path) -> None:
+    """Make the bare repository `bare` (created when missing) hold `commit` of `repo`, kept
+    reachable by the branch locked/<commit> so that any git client can fetch it."""
+    remote = _remote(repo)
+    _check_commit(repo, commit)
+    if not bare.exists():
+        _init_bare(repo, bare)
+    if not _has_commit(bare, commit):
+        # The commit with its history and nothing else (no other branches): a shallow copy
+        # could not be served by plain HTTP servers, whose clients walk history.
+        wanted = _git(["fetch", "--quiet", "--no-tags", remote, commit], cwd=bare)
+        if wanted.returncode != 0:
+            _run(repo, ["fetch", "--quiet", remote, "+refs/heads/*:refs/upstream/heads/*",
+                        "+refs/tags/*:refs/upstream/tags/*"], f"could not fetch {commit} from",
+                 cwd=bare)
+    if not _has_commit(bare, commit):
+        raise SourceError(f"commit {commit} is not in {redact(repo)}; run `invoke lock` to pin "
+                          "an existing commit")
+    _run(repo, ["update-ref", f"refs/heads/locked/{commit}", commit],
+         "could not record the commit in the mirror of", cwd=bare)
+    # Plain HTTP servers (no git on them) serve a repository through these index files.
+    _run(repo, ["update-server-info"], "could not index the mirror of", cwd=bare)
+
+
+def _init_bare(repo: str, bare: Path) -> None:
+    bare.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=bare.parent, prefix=f".{bare.name}."))
+    try:
+        _run(repo, ["init", "--quiet", "--bare", str(scratch / "repo")],
+             "could not create a mirror of")
+        # Clients fetch the locked commits by SHA.
+        _run(repo, ["config", "uploadpack.allowAnySHA1InWant", "true"],
+             "could not configure the mirror of", cwd=scratch / "repo")
+        (scratch / "repo").rename(bare)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def submodules_at(repo: str, bare: Path, commit: str) -> list[Submodule]:
+    """The submodules `commit` pins, read from a repository that holds `commit`."""
+    listing = _git(["config", "--blob", f"{commit}:.gitmodules", "--get-regexp",
+                    r"^submodule\..*\.(path|url)$"], cwd=bare)
+    if listing.returncode != 0:
+        return []  # no .gitmodules: no submodules
+    found: dict[str, dict[str, str]] = {}
+    for line in listing.stdout.decode().splitlines():
+        key, _, value = line.partition(" ")
+        name, _, attribute = key.removeprefix("submodule.").rpartition(".")
+        found.setdefault(name, {})[attribute] = value
+    modules = []
+    for entry in found.values():
+        if "path" not in entry or "url" not in entry:
+            continue
+        _check_path(repo, entry["path"])
+        sha = _gitlink(repo, bare, commit, entry["path"])
+        if sha is not None:
+            modules.append(Submodule(path=entry["path"], url=entry["url"], commit=sha))
+    return modules
+
+
+def _gitlink(repo: str, bare: Path, commit: str, path: str) -> str | None:
+    listing = _run(repo, ["ls-tree", commit, "--", path], f"could not list {path!r} at {commit} "
+                   "in", cwd=bare).decode()
+    fields = listing.split("\t", 1)[0].split()
+    return fields[2] if len(fields) == 3 and fields[1] == "commit" else None

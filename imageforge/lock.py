@@ -3,6 +3,11 @@
 `<manifest>.lock.json` holds the sha256 of each downloaded file, the commit of each git ref,
 the base image digest when a registry answers, and the digest of the effective manifest
 (file + --set overrides) it was resolved from. A lock is written whole or not at all.
+
+`lock --upgrade` also moves stages that have a version `policy` to the newest release it
+allows. The manifest file is not rewritten: the lock records each move under "upgraded"
+(from, to, policy and the listing it came from) and `apply` builds the moved version, so a
+nightly can run `lock --upgrade` and diff the lock against the last one.
 """
 
 from __future__ import annotations
@@ -12,17 +17,17 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge import gitsource
+from imageforge import gitsource, upstream
 from imageforge.cmd import run
 from imageforge.compat import image_cuda
 from imageforge.dag import closure
-from imageforge.download import download
-from imageforge.errors import FatalError, LockError
-from imageforge.manifest import Manifest
+from imageforge.download import download, redact
+from imageforge.errors import FatalError, LockError, ManifestError
+from imageforge.manifest import Manifest, with_versions
 from imageforge.ncclpin import NcclPin, pytorch_nccl_pin
 from imageforge.sources import GitSource, Source, SourceCache, UrlSource
 from imageforge.stage import Context, Stage
@@ -42,6 +47,8 @@ class Lock:
     sources: Mapping[str, Mapping[str, Mapping[str, str]]]
     # The NCCL the locked PyTorch pins: {"version", "commit", "evidence": {...}}.
     nccl_pin: Mapping[str, Any] | None = None
+    # stage -> {"from", "to", "policy", "source"}: versions `lock --upgrade` moved.
+    upgraded: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self, manifest: Manifest) -> dict[str, Any]:
         return {
@@ -50,8 +57,13 @@ class Lock:
             "manifest_digest": self.manifest_digest,
             "base": {"ref": manifest.image["base"], "digest": self.base_digest},
             "nccl_pytorch_pin": dict(self.nccl_pin) if self.nccl_pin else None,
+            "upgraded": {k: dict(v) for k, v in sorted(self.upgraded.items())},
             "stages": {k: dict(v) for k, v in sorted(self.sources.items())},
         }
+
+    def versions(self) -> dict[str, str]:
+        """stage -> the version `lock --upgrade` moved it to."""
+        return {stage: move["to"] for stage, move in self.upgraded.items()}
 
     def pin(self) -> NcclPin | None:
         if not self.nccl_pin:
@@ -67,8 +79,11 @@ def read(path: Path) -> Lock | None:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}")
-        return Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
-                    sources=data["stages"], nccl_pin=data.get("nccl_pytorch_pin"))
+        lock = Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
+                    sources=data["stages"], nccl_pin=data.get("nccl_pytorch_pin"),
+                    upgraded=data.get("upgraded") or {})
+        lock.versions()  # every upgrade names the version it moved to
+        return lock
     except (ValueError, KeyError, TypeError) as exc:
         raise LockError(f"{path}: not a valid imageforge lock file ({exc}); delete it and run "
                         "`invoke lock`.") from None
@@ -88,6 +103,7 @@ def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) 
     """The manifest with the lock's resolved pins filled in where the manifest has none."""
     if lock is None or lock.manifest_digest != manifest.digest():
         return manifest
+    manifest = with_versions(manifest, lock.versions(), registry=registry)
     image = dict(manifest.image)
     if not image.get("base_digest") and lock.base_digest:
         image["base_digest"] = lock.base_digest
@@ -130,13 +146,23 @@ def check(manifest: Manifest, lock: Lock | None, path: Path) -> None:
 
 
 def resolve(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCache,
-            previous: Lock | None, *, upgrade: bool) -> Lock:
+            previous: Lock | None, *, upgrade: bool, only: Sequence[str] = (),
+            endpoints: upstream.Endpoints | None = None) -> Lock:
     """Resolve every source of every defined stage. Reuses the previous lock's pins for
-    sources whose location did not change, unless `upgrade`."""
+    sources whose location did not change, and its version upgrades, except for the stages
+    being upgraded: `only` (every stage when empty) when `upgrade`."""
     from imageforge.plan import stage_inputs
 
     names = defined_stages(manifest, registry)
-    old = previous.sources if previous and not upgrade else {}
+    renewed = _renewed(manifest, names, only) if upgrade else []
+    old = {k: v for k, v in (previous.sources if previous else {}).items() if k not in renewed}
+    upgraded = {k: v for k, v in (previous.upgraded if previous else {}).items()
+                if k not in renewed}
+    found = upstream.upgrades(manifest, registry, renewed,
+                              endpoints or upstream.Endpoints(locate=cache.locate_url))
+    upgraded |= {move.stage: move.to_json() for move in found}
+    manifest = with_versions(manifest, {k: v["to"] for k, v in upgraded.items()},
+                             registry=registry)
     pin = None
     if "pytorch" in names and "nccl" in names:
         pin = _pytorch_nccl_pin(manifest, registry, cache, old)
@@ -150,7 +176,16 @@ def resolve(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCach
             resolved.setdefault(name, {})[source.name] = entry
     base_digest = manifest.image.get("base_digest") or _base_digest(str(manifest.image["base"]))
     return Lock(manifest_digest=manifest.digest(), base_digest=base_digest, sources=resolved,
-                nccl_pin=dataclasses.asdict(pin) if pin else None)
+                nccl_pin=dataclasses.asdict(pin) if pin else None, upgraded=upgraded)
+
+
+def _renewed(manifest: Manifest, names: Sequence[str], only: Sequence[str]) -> list[str]:
+    """The stages `lock --upgrade` re-resolves: `only`, or all of them."""
+    unknown = [name for name in only if name not in names]
+    if unknown:
+        raise ManifestError(f"--stage {unknown[0]}: {manifest.path} defines no such stage; "
+                            f"use one of {', '.join(names)}.")
+    return list(only) or list(names)
 
 
 def _pytorch_nccl_pin(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCache,
@@ -163,12 +198,17 @@ def _pytorch_nccl_pin(manifest: Manifest, registry: Mapping[str, Stage], cache: 
     source = registry["pytorch"].sources(Context(image=manifest.image,
                                                   stages={"pytorch": pytorch}))[0]
     assert isinstance(source, GitSource)
-    commit = _resolve_git(source, old.get("pytorch", {}).get(source.name))["commit"]
+    commit = _resolve_git(source, old.get("pytorch", {}).get(source.name), cache)["commit"]
     cuda = image_cuda(manifest)
-    return pytorch_nccl_pin(
-        pytorch_repo=source.repo, pytorch_commit=commit, pytorch_version=str(pytorch["version"]),
-        pytorch_ref=source.ref, cuda=str(cuda) if cuda else None,
-        nccl_repo=str(manifest.stages["nccl"]["repo"]), mirrors=cache.root / "mirrors")
+    nccl_repo = str(manifest.stages["nccl"]["repo"])
+    pin = pytorch_nccl_pin(
+        pytorch_repo=cache.locate_url(source.repo), pytorch_commit=commit,
+        pytorch_version=str(pytorch["version"]), pytorch_ref=source.ref,
+        cuda=str(cuda) if cuda else None, nccl_repo=cache.locate_url(nccl_repo),
+        mirrors=cache.root / "mirrors")
+    # The lock records where sources come from, not where rewrite rules sent this machine.
+    evidence = {**pin.evidence, "pytorch_repo": redact(source.repo), "nccl_repo": redact(nccl_repo)}
+    return dataclasses.replace(pin, evidence=evidence)
 
 
 def _resolve_source(source: Source, cache: SourceCache, old: Mapping[str, str] | None
@@ -180,7 +220,7 @@ def _resolve_source(source: Source, cache: SourceCache, old: Mapping[str, str] |
         if old and old.get("url") == source.url and old.get("sha256"):
             return {**entry, "sha256": old["sha256"]}
         return {**entry, "sha256": _hash_into_cache(source, cache)}
-    return _resolve_git(source, old)
+    return _resolve_git(source, old, cache)
 
 
 def _sha_key(source: UrlSource) -> str:
@@ -188,11 +228,12 @@ def _sha_key(source: UrlSource) -> str:
     return "s3_plugin_sha256" if source.name.endswith("-s3") else "sha256"
 
 
-def _resolve_git(source: GitSource, old: Mapping[str, str] | None) -> dict[str, str]:
+def _resolve_git(source: GitSource, old: Mapping[str, str] | None,
+                 cache: SourceCache) -> dict[str, str]:
     entry = {"repo": source.repo, "ref": source.ref}
     if source.commit:
         return {**entry, "commit": source.commit}
-    current = gitsource.resolve_ref(source.repo, source.ref)
+    current = gitsource.resolve_ref(cache.locate_url(source.repo), source.ref)
     same_ref = old and old.get("repo") == source.repo and old.get("ref") == source.ref
     if same_ref and old and old.get("commit") != current:
         raise LockError(
@@ -208,7 +249,7 @@ def _hash_into_cache(source: UrlSource, cache: SourceCache) -> str:
     cache.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache.root) as tmp:
         file = Path(tmp) / source.filename
-        digest = download(source.url, file, sha256=None)
+        digest = download(cache.locate_url(source.url), file, sha256=None)
         cache.materialize(dataclasses.replace(source, url=str(file), sha256=digest))
     return digest
 
@@ -253,6 +294,7 @@ def diff(old: Lock | None, new: Lock) -> list[str]:
                 pin_a = _pin(a.get(name))
                 pin_b = _pin(b.get(name))
                 lines.append(f"{stage}: {name} {pin_a} -> {pin_b}")
+    lines += _upgrade_lines(old.upgraded if old else {}, new.upgraded)
     old_pin = (old.nccl_pin or {}) if old else {}
     new_pin = new.nccl_pin or {}
     if (old_pin.get("version"), old_pin.get("commit")) != (new_pin.get("version"),
@@ -261,6 +303,23 @@ def diff(old: Lock | None, new: Lock) -> list[str]:
                      f"{new_pin.get('version')} ({new_pin.get('commit')})")
     if (old.base_digest if old else None) != new.base_digest:
         lines.append(f"base: {old.base_digest if old else None} -> {new.base_digest}")
+    return lines
+
+
+def _upgrade_lines(before: Mapping[str, Mapping[str, str]],
+                   after: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """`efa: 1.14.1 -> 1.15.1 (policy ~=1.14)`, from the version the old lock built."""
+    lines = []
+    for stage in sorted(set(before) | set(after)):
+        a, b = before.get(stage), after.get(stage)
+        if (a or {}).get("to") == (b or {}).get("to"):
+            continue
+        if b is None:
+            assert a is not None
+            lines.append(f"{stage}: {a['to']} -> {a['from']} (the manifest's version)")
+        else:
+            lines.append(f"{stage}: {a['to'] if a else b['from']} -> {b['to']} "
+                         f"(policy {b['policy']})")
     return lines
 
 

@@ -6,6 +6,7 @@ is allowed and suggests the closest known key for a typo.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -37,6 +38,8 @@ IMAGE_FIELDS: dict[str, Field] = {
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _TEMPLATED = ("url", "repo", "ref", "build_version")
+# Pins of a stage's version-templated source: they belong to one version only.
+_VERSION_PINS = ("sha256", "commit")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +71,31 @@ def load(path: Path, overrides: Sequence[str] = (), *, registry: Mapping[str, St
     for override in overrides:
         where.overrides[_apply_override(document, override, registry)] = override
     return _validate(document, where, registry)
+
+
+def template(manifest: Manifest, stage: Stage, key: str) -> Any:
+    """stages.<name>.<key> as written (or defaulted), before `{version}` is substituted."""
+    table = manifest.document.get("stages", {}).get(stage.name, {})
+    return table.get(key, stage.fields[key].default)
+
+
+def with_versions(manifest: Manifest, versions: Mapping[str, str], *,
+                  registry: Mapping[str, Stage]) -> Manifest:
+    """`manifest` with some stages moved to other versions (what `lock --upgrade` chose).
+
+    Templates are filled in anew and the manifest's pins of the old version are dropped, for
+    the lock to supply. The digest stays that of the file + overrides: the lock belongs to it.
+    """
+    if not versions:
+        return manifest
+    document = copy.deepcopy(dict(manifest.document))
+    for name, version in versions.items():
+        table = document.setdefault("stages", {}).setdefault(name, {})
+        table["version"] = version
+        for key in _VERSION_PINS:
+            table.pop(key, None)
+    moved = _validate(document, _Locator(manifest.path, "", {}), registry)
+    return dataclasses.replace(moved, document=manifest.document)
 
 
 def _read(path: Path) -> str:

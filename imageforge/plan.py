@@ -18,7 +18,7 @@ from imageforge.errors import LockError, ManifestError
 from imageforge.manifest import Manifest
 from imageforge.render import render_stage
 from imageforge.sources import Source
-from imageforge.stage import Context, Stage
+from imageforge.stage import Context, Stage, keyed_inputs
 
 Status = Literal["cached", "remote", "build"]
 
@@ -104,7 +104,7 @@ def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
         recipe = render_stage(stage, context, registry)
         deps = direct_deps(stage)
         keys[name] = stage_key(
-            name=name, recipe=recipe, inputs=inputs[name], manifest=manifest,
+            name=name, recipe=recipe, inputs=keyed_inputs(stage, inputs[name]), manifest=manifest,
             dep_keys={d: keys[d] for d in deps},
         )
         planned.append(PlannedStage(

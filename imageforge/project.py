@@ -9,7 +9,9 @@ from pathlib import Path
 
 from imageforge import compat, lock
 from imageforge import manifest as manifest_mod
+from imageforge import mirror as mirror_mod
 from imageforge.artifacts import ArtifactStore
+from imageforge.errors import ManifestError
 from imageforge.manifest import Manifest
 from imageforge.plan import Plan, Status, defined_targets, make_plan
 from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
@@ -29,6 +31,10 @@ class Settings:
     locked: bool = False
     # Registry repository of the shared artifact cache, e.g. "127.0.0.1:5000/imageforge-cache".
     remote: str | None = None
+    # URL prefix replacements applied to every source before it is fetched (invoke config).
+    rewrites: tuple[mirror_mod.Rewrite, ...] = ()
+    # A mirror made by `mirror.sync` (directory or URL): the only place sources come from.
+    mirror: str | None = None
 
 
 def load_manifest(settings: Settings) -> Manifest:
@@ -74,18 +80,29 @@ def artifact_store(settings: Settings) -> ArtifactStore:
 
 
 def source_cache(settings: Settings) -> SourceCache:
-    return SourceCache((settings.cache_dir / "sources").resolve())
+    root = (settings.cache_dir / "sources").resolve()
+    if not settings.rewrites and not settings.mirror:
+        return SourceCache(root)
+    return SourceCache(root, mirror_mod.Locations(settings.rewrites, settings.mirror,
+                                                  token=mirror_mod.token_from_env()))
 
 
-def write_lock(settings: Settings, *, upgrade: bool) -> tuple[Path, list[str]]:
-    """Resolve and write the lock; returns its path and what changed."""
+def write_lock(settings: Settings, *, upgrade: bool,
+               stages: Sequence[str] = ()) -> tuple[Path, list[str]]:
+    """Resolve and write the lock; returns its path and what changed. `upgrade` moves the
+    stages with a version policy (only `stages`, when given) to their newest allowed release."""
+    if settings.mirror:
+        raise ManifestError(f"--mirror {settings.mirror}: a lock is resolved against upstream "
+                            "and a mirror holds only what a lock already pins; run `invoke lock` "
+                            "without --mirror.")
     loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
     path = lock.lock_path(settings.manifest)
     previous = lock.read(path)
     if previous is not None and previous.manifest_digest != loaded.digest():
         # Pins of a different effective manifest are not evidence for this one.
         previous = None
-    new = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade)
+    new = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade,
+                       only=stages)
     lock.write(path, new, loaded)
     return path, lock.diff(previous, new)
 
@@ -95,6 +112,19 @@ def check_lock(settings: Settings) -> Path:
     path = lock.lock_path(settings.manifest)
     lock.check(loaded, lock.read(path), path)
     return path
+
+
+def mirror_sync(settings: Settings, to: Path) -> Path:
+    """Copy every source the (current) lock pins into the mirror directory `to`; returns its
+    index.json."""
+    if settings.mirror:
+        raise ManifestError(f"--mirror {settings.mirror}: mirror.sync copies from upstream; "
+                            "run it without --mirror.")
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    path = lock.lock_path(settings.manifest)
+    current = lock.read(path)
+    lock.check(raw, current, path)
+    return mirror_mod.sync(lock.apply(raw, current, STAGES), STAGES, source_cache(settings), to)
 
 
 def fetch(settings: Settings, target: str) -> dict[str, Path]:
@@ -112,6 +142,8 @@ def check(settings: Settings) -> list[str]:
         lock.check(raw, current, path)
     fresh = current if current and current.manifest_digest == raw.digest() else None
     pin = fresh.pin() if fresh else None
+    # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
+    raw = manifest_mod.with_versions(raw, fresh.versions(), registry=STAGES) if fresh else raw
     violations = compat.check(raw) + compat.nccl_pin_rule(raw, pin)
     compat.require_compatible(violations, manifest=settings.manifest)
     lines = [f"note: {note}" for note in compat.notes(raw)]

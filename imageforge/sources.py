@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import requests
 from filelock import FileLock
 from rich.console import Console
 from rich.progress import (
@@ -39,6 +40,7 @@ from imageforge.download import Progress as ProgressCallback
 from imageforge.download import download, redact
 from imageforge.errors import Interrupted, LockError, SourceError
 from imageforge.gitsource import checkout
+from imageforge.signature import Signature, verify
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
@@ -52,6 +54,8 @@ class UrlSource:
     url: str
     sha256: str | None  # None only while locking
     filename: str  # file name inside the context dir
+    # Checked before the file enters the cache (e.g. the EFA installer's .sig).
+    signature: Signature | None = None
 
     def __post_init__(self) -> None:
         if self.filename in ("", ".", "..") or "/" in self.filename or "\0" in self.filename:
@@ -75,11 +79,33 @@ class GitSource:
 Source = UrlSource | GitSource
 
 
+class Locator(Protocol):
+    """Where sources are really fetched from (rewrite rules, a mirror) and how to sign in
+    there. Markers and locks keep recording the original locations."""
+
+    def source(self, source: Source) -> Source: ...
+
+    def url(self, url: str) -> str: ...
+
+    def session(self) -> requests.Session | None: ...
+
+    def git_config(self) -> Mapping[str, str]: ...
+
+
 class SourceCache:
     """Fetches sources into ``root`` (normally ``<cache dir>/sources``) and finds them again."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, locator: Locator | None = None) -> None:
         self.root = root
+        self.locator = locator
+
+    def locate(self, source: Source) -> Source:
+        """`source` as it is fetched: moved by the locator, same pins."""
+        return self.locator.source(source) if self.locator else source
+
+    def locate_url(self, url: str) -> str:
+        """Where to read `url` while resolving pins (rewrite rules only)."""
+        return self.locator.url(url) if self.locator else url
 
     def path_for(self, source: Source) -> Path:
         """The context directory of `source`, whether or not it has been fetched yet."""
@@ -100,7 +126,7 @@ class SourceCache:
             if isinstance(source, UrlSource) and _add_file_name(source, entry):
                 return entry
             _clear(entry)
-            _fetch(source, entry, on_progress)
+            _fetch(self.locate(source), entry, on_progress, self.locator)
             _write_marker(entry, _marker(source, entry))
         return entry
 
@@ -143,7 +169,8 @@ class SourceCache:
         if self._is_complete(source, entry):
             reporter.cached(source)
             return entry
-        on_progress = _cancellable(reporter.started(source), cancel)
+        # Say where the bytes really come from: a rewrite target or the mirror.
+        on_progress = _cancellable(reporter.started(self.locate(source)), cancel)
         try:
             path = self.materialize(source, on_progress)
         except BaseException:
@@ -161,9 +188,15 @@ class SourceCache:
         stored = entry / source.filename
         return (
             marker.get("sha256") == source.sha256
+            and _signed_as_required(source, marker)
             and stored.is_file()
             and stored.stat().st_size == marker.get("size")
         )
+
+
+def _signed_as_required(source: UrlSource, marker: dict[str, Any]) -> bool:
+    # An entry fetched before the manifest asked for a signature has not been checked yet.
+    return source.signature is None or marker.get("signed_by") == source.signature.fingerprint
 
 
 def _pinned_digest(source: UrlSource) -> str:
@@ -222,6 +255,7 @@ def _marker(source: Source, entry: Path) -> dict[str, Any]:
             "sha256": source.sha256,
             "filename": source.filename,
             "size": (entry / source.filename).stat().st_size,
+            "signed_by": source.signature.fingerprint if source.signature else None,
             "fetched_at": fetched_at,
         }
     return {
@@ -250,6 +284,8 @@ def _add_file_name(source: UrlSource, entry: Path) -> bool:
     marker = _read_marker(entry)
     if marker is None or marker.get("sha256") != source.sha256:
         return False
+    if not _signed_as_required(source, marker):
+        return False
     existing = entry / str(marker.get("filename"))
     if not existing.is_file() or existing.stat().st_size != marker.get("size"):
         return False
@@ -268,19 +304,28 @@ def _clear(entry: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _fetch(source: Source, entry: Path, on_progress: ProgressCallback | None) -> None:
+def _fetch(source: Source, entry: Path, on_progress: ProgressCallback | None,
+           locator: Locator | None) -> None:
     if isinstance(source, GitSource):
         assert source.commit is not None  # path_for refused unlocked sources
-        checkout(source.repo, source.commit, entry, submodules=source.submodules)
+        checkout(source.repo, source.commit, entry, submodules=source.submodules,
+                 config=locator.git_config() if locator else {})
         return
     scratch = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}."))
+    session = locator.session() if locator else None
     try:
         download(source.url, scratch / source.filename, sha256=source.sha256,
-                 on_progress=on_progress)
+                 on_progress=on_progress, session=session)
+        if source.signature is not None:
+            verify(source.signature, scratch / source.filename, origin=source.url,
+                   session=session)
         scratch.rename(entry)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
+    finally:
+        if session is not None:
+            session.close()
 
 
 def _cancellable(callback: ProgressCallback | None, cancel: threading.Event) -> ProgressCallback:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from imageforge.sources import GitSource, Source, UrlSource
 from imageforge.validate import Kind
 
 Inputs = Mapping[str, Any]
+# What a check needs besides the image. "efa" means an EFA device; the instances that have
+# one are GPU instances, so "efa" checks may use the GPU too.
+Needs = Literal["none", "gpu", "efa"]
 
 EXPORT_ROOT = "/out"
 
@@ -33,6 +36,9 @@ class Field:
     choices: tuple[str, ...] = ()
     # Values only the lock file fills in are not part of the manifest's required set.
     locked: bool = False
+    # False for keys that steer resolution or verification (version policy, signing key),
+    # not the build: changing them must not change the stage key and rebuild.
+    keyed: bool = True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,10 +54,14 @@ class Context:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Check:
-    """A smoke check run inside a built image: a bash script that exits 0 when healthy."""
+    """A smoke check run inside a built image: a bash script that exits 0 when healthy.
+
+    Checks that need hardware run only under `invoke test-image --hardware` (on a real
+    instance); elsewhere they are reported as skipped, never as passed."""
 
     name: str
     script: str
+    needs: Needs = "none"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,6 +120,15 @@ def filename_of(url: str) -> str:
     return parts[-1]
 
 
+POLICY = Field(kind="specifier", keyed=False,
+               help="versions `invoke lock --upgrade` may move to, e.g. ~=1.14 (none: keep)")
+
+
+def keyed_inputs(stage: Stage, inputs: Inputs) -> dict[str, Any]:
+    """The inputs that are part of the stage key (see Field.keyed)."""
+    return {k: v for k, v in inputs.items() if k not in stage.fields or stage.fields[k].keyed}
+
+
 def git_fields(*, repo: str, ref: str, what: str) -> dict[str, Field]:
     """The keys every stage built from a git repository has."""
     return {
@@ -117,6 +136,7 @@ def git_fields(*, repo: str, ref: str, what: str) -> dict[str, Field]:
         "repo": Field(kind="repo", default=repo, help=f"git URL (or mirror path) of {what}"),
         "ref": Field(kind="ref", default=ref, help="tag or branch; `{version}` is substituted"),
         "commit": Field(kind="commit", locked=True, help="commit SHA the ref resolved to (lock)"),
+        "policy": POLICY,
     }
 
 
@@ -127,4 +147,5 @@ def url_fields(*, url: str, what: str) -> dict[str, Field]:
         "url": Field(kind="url", default=url or None, required=not url,
                      help="download URL; `{version}` is substituted"),
         "sha256": Field(kind="sha256", locked=True, help="sha256 of the file (lock)"),
+        "policy": POLICY,
     }

@@ -10,9 +10,12 @@ import re
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 Kind = Literal[
     "version", "url", "repo", "ref", "sha256", "commit", "digest", "path", "image",
     "bool", "int", "arch", "arch_list", "packages", "flags", "args", "name", "text",
+    "specifier", "fingerprint",
 ]
 
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]{0,63}")
@@ -36,6 +39,7 @@ _PACKAGE = re.compile(
 _FLAG = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_-]*(=[A-Za-z0-9._/+,:=-]+)?")
 _ARG = re.compile(r"(-{1,2})?[A-Za-z0-9][A-Za-z0-9_.-]*(=[A-Za-z0-9._/+,:=-]+)?")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_FINGERPRINT = re.compile(r"[0-9A-Fa-f]{40}")
 
 ALLOWED: Final[dict[str, str]] = {
     "version": "letters, digits and . _ + - (e.g. 2.10.3 or 1.1.3-aws)",
@@ -56,6 +60,8 @@ ALLOWED: Final[dict[str, str]] = {
     "args": "a list of arguments like [\"threading=multi\", \"cxxflags=-fPIC\"]",
     "name": "lowercase letters, digits and . _ -",
     "text": "one line of text without quotes, backslashes, '$' or backticks",
+    "specifier": "a version specifier like '~=1.14' or '>=2.10,<2.12'",
+    "fingerprint": "a 40-hex-digit OpenPGP key fingerprint (spaces allowed)",
 }
 
 
@@ -77,6 +83,18 @@ def _is_ref(value: str) -> bool:
     return bool(_REF.fullmatch(value)) and ".." not in value and not value.endswith((".lock", "/"))
 
 
+def _is_specifier(value: str) -> bool:
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        return False
+    return bool(value.strip())
+
+
+def _is_fingerprint(value: str) -> bool:
+    return bool(_FINGERPRINT.fullmatch(value.replace(" ", "")))
+
+
 def _is_text(value: str) -> bool:
     return not any(c in value for c in "\"'\\$`") and value.isprintable()
 
@@ -94,6 +112,8 @@ _STRING_CHECKS: Final[dict[str, Callable[[str], bool]]] = {
     "arch": _full(_ARCH),
     "name": _full(_NAME),
     "text": _is_text,
+    "specifier": _is_specifier,
+    "fingerprint": _is_fingerprint,
 }
 
 _LIST_ITEM: Final[dict[str, Callable[[str], bool]]] = {

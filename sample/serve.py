@@ -1,5 +1,6 @@
 """HTTP server for the sample upstream.
 
+    /files/              an autoindex-style HTML listing of the artifacts
     /files/<name>        artifacts, with HEAD, single-range GET (206) and Content-Length
     /git/<repo>.git/...  git smart HTTP, through ``git http-backend`` run as a CGI program
     /pins.json           the pins written by ``generate``
@@ -11,6 +12,7 @@ foreground.
 from __future__ import annotations
 
 import email.utils
+import html
 import logging
 import mimetypes
 import os
@@ -24,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 log = logging.getLogger("sample.serve")
 
@@ -127,7 +129,9 @@ class UpstreamHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
-        if path.startswith("/files/"):
+        if path == "/files/":
+            self._listing(self.upstream.root / "files", head)
+        elif path.startswith("/files/"):
             self._file(self.upstream.root / "files", path[len("/files/") :], head)
         elif path == "/pins.json":
             self._file(self.upstream.root, "pins.json", head)
@@ -183,6 +187,19 @@ class UpstreamHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self._send_bytes(path, byte_range)
+
+    def _listing(self, base: Path, head: bool) -> None:
+        """What nginx's autoindex serves: one link per file, so release scanners work."""
+        names = sorted(p.name for p in base.iterdir() if p.is_file())
+        links = "".join(f'<a href="{quote(n)}">{html.escape(n)}</a>\n' for n in names)
+        body = f"<html><head><title>Index of /files/</title></head><body><pre>\n{links}"
+        payload = f"{body}</pre></body></html>\n".encode()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(payload)
 
     def _send_bytes(self, path: Path, byte_range: ByteRange) -> None:
         remaining = byte_range.length

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from imageforge import smoke
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
@@ -61,8 +62,13 @@ def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
 
 def checks(ctx: Context) -> Sequence[Check]:
     plugin = f"{ctx.of('aws-ofi-nccl')['prefix']}/lib/libnccl-net.so"
-    return [Check(name="plugin links (ldd: nothing not found)",
-                  script=f"{sh('test', '-e', plugin)} && ! ldd {sh(plugin)} | grep 'not found'")]
+    return [
+        Check(name="plugin links: ldd resolves every dependency", script=smoke.links(sh(plugin))),
+        Check(name="plugin dlopens", script=smoke.dlopens(plugin)),
+        # The installer's libfabric has the EFA provider; a system libfabric may not.
+        Check(name="plugin links EFA's libfabric",
+              script=smoke.links_to(plugin, "/opt/amazon/efa/lib/libfabric.so.1")),
+    ]
 
 
 STAGE = Stage(

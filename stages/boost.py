@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from imageforge import smoke
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, url_fields, url_source
@@ -50,8 +51,15 @@ def checks(ctx: Context) -> Sequence[Check]:
     major, minor, patch = (int(x) for x in str(inputs["version"]).split(".")[:3])
     header = f"{inputs['prefix']}/include/boost/version.hpp"
     wanted = f"#define BOOST_VERSION {major * 100000 + minor * 100 + patch}"
-    return [Check(name=f"boost {inputs['version']} headers",
-                  script=sh("grep", "-qx", wanted, header))]
+    # A b2 that fails half-way installs the headers but not every library.
+    libs = [f"{inputs['prefix']}/lib/libboost_{name}.so.{inputs['version']}"
+            for name in ("system", "filesystem", "thread", "chrono")]
+    return [
+        Check(name=f"boost {inputs['version']} headers",
+              script=sh("grep", "-qx", wanted, header)),
+        Check(name=f"boost {inputs['version']} libraries (system, filesystem, thread, chrono)",
+              script=smoke.links(*(sh(lib) for lib in libs))),
+    ]
 
 
 STAGE = Stage(

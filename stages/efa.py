@@ -8,6 +8,8 @@ packages (rdma-core) that a copy of /opt/amazon alone would miss.
 # Parameters
 version: installer version (seed 000: 1.11.2, seed 002: 1.14.1).
 url, sha256: the installer tarball.
+gpg_fingerprint, gpg_key_url: when the fingerprint is set, `<url>.sig` must be a good signature
+by that key (AWS documents its key's fingerprint) before the tarball is used.
 flags: installer flags (seed: -y --skip-kmod -g).
 
 # Examples
@@ -20,15 +22,24 @@ url = "https://efa-installer.amazonaws.com/aws-efa-installer-{version}.tar.gz"
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import bind, run, sh
+from imageforge.signature import DEFAULT_KEY_URL, Signature
 from imageforge.sources import Source
 from imageforge.stage import Check, Context, Field, Stage, url_fields, url_source
 
 
 def sources(ctx: Context) -> Sequence[Source]:
-    return [url_source("efa", ctx.of("efa"))]
+    inputs = ctx.of("efa")
+    source = url_source("efa", inputs)
+    if not inputs.get("gpg_fingerprint"):
+        return [source]
+    # AWS publishes a detached signature beside each installer.
+    signature = Signature(url=f"{source.url}.sig", key_url=str(inputs["gpg_key_url"]),
+                          fingerprint=str(inputs["gpg_fingerprint"]))
+    return [dataclasses.replace(source, signature=signature)]
 
 
 def recipe(ctx: Context) -> str:
@@ -67,6 +78,9 @@ def checks(ctx: Context) -> Sequence[Check]:
         Check(name="libfabric and Open MPI link",
               script="! ldd /opt/amazon/efa/bin/fi_info /opt/amazon/openmpi/lib/libmpi.so "
                      "| grep 'not found'"),
+        # Lists the provider only where an EFA device is attached.
+        Check(name="fi_info -p efa -t FI_EP_RDM lists the EFA provider", needs="efa",
+              script="/opt/amazon/efa/bin/fi_info -p efa -t FI_EP_RDM"),
     ]
 
 
@@ -79,6 +93,10 @@ STAGE = Stage(
                      what="EFA installer"),
         "flags": Field(kind="flags", default=["-y", "--skip-kmod", "-g"],
                        help="efa_installer.sh flags"),
+        "gpg_fingerprint": Field(kind="fingerprint", keyed=False,
+                                 help="verify <url>.sig with the key of this fingerprint"),
+        "gpg_key_url": Field(kind="url", default=DEFAULT_KEY_URL, keyed=False,
+                             help="where the signing key is downloaded (with gpg_fingerprint)"),
     },
     sources=sources,
     recipe=recipe,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from imageforge import smoke
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
@@ -72,7 +73,12 @@ def env(ctx: Context) -> Mapping[str, str]:
 def checks(ctx: Context) -> Sequence[Check]:
     inputs = ctx.of("nccl")
     lib = f"{inputs['prefix']}/lib/libnccl.so.{inputs['version']}"
-    return [Check(name=f"{lib} present", script=sh("test", "-e", lib))]
+    return [
+        Check(name=f"{lib} present", script=sh("test", "-e", lib)),
+        # A second libnccl makes the one a process loads depend on the search order.
+        Check(name="exactly one libnccl visible to the dynamic linker",
+              script=smoke.one_visible("libnccl.so")),
+    ]
 
 
 STAGE = Stage(

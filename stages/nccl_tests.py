@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from imageforge import smoke
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
@@ -46,9 +47,17 @@ def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
 
 
 def checks(ctx: Context) -> Sequence[Check]:
-    binary = f"{ctx.of('nccl-tests')['prefix']}/bin/all_reduce_perf"
-    return [Check(name="all_reduce_perf links",
-                  script=f"{sh('test', '-x', binary)} && ! ldd {sh(binary)} | grep 'not found'")]
+    bindir = f"{ctx.of('nccl-tests')['prefix']}/bin"
+    # AWS's own test of these images: one GPU through the plugin and EFA, at every size.
+    all_reduce = (f"set -o pipefail\nNCCL_DEBUG=INFO {sh(f'{bindir}/all_reduce_perf')} "
+                  "-b 8 -e 1G -f 2 -g 1 -c 1 -n 100 | tee /tmp/all_reduce_perf.log\n"
+                  "grep -q 'Selected Provider is efa' /tmp/all_reduce_perf.log || "
+                  "{ echo 'NCCL did not select the EFA provider'; exit 1; }")
+    return [
+        Check(name="nccl-tests binaries link", script=smoke.links(f"{sh(bindir)}/*_perf")),
+        Check(name="all_reduce_perf -g 1 selects the EFA provider", needs="efa",
+              script=all_reduce),
+    ]
 
 
 STAGE = Stage(

@@ -81,30 +81,51 @@ def recipe(ctx: Context) -> str:
 
 # torch.cuda.nccl.version() reports the NCCL headers PyTorch was compiled with (an int before
 # 1.10, a tuple since); ncclGetVersion reports the library actually loaded. Both must equal
-# the nccl stage's version.
-NCCL_CHECK = """\
-import ctypes, torch
+# the nccl stage's version. The loaded library is the one /proc/self/maps shows after
+# `import torch`, whatever its file is called.
+NCCL_VERSIONS = """\
+import ctypes, os, torch
 want = tuple(int(x) for x in "{version}".split("."))
 def split(code):
     return (code // 10000, code // 100 % 100, code % 100) if code >= 20900 else \\
         (code // 1000, code // 100 % 10, code % 100)
+def dotted(parts):
+    return ".".join(map(str, parts))
+"""
+
+COMPILED_NCCL = NCCL_VERSIONS + """\
+assert torch.__version__.startswith("{torch}"), f"torch is {{torch.__version__}}, want {torch}"
 got = torch.cuda.nccl.version()
 got = tuple(got[:3]) if isinstance(got, tuple) else split(got)
-assert got == want, f"torch was compiled with NCCL {{got}}, the nccl stage is {{want}}"
+assert got == want, f"torch was compiled with NCCL {{dotted(got)}}, the nccl stage is {version}"
+print("torch", torch.__version__, "compiled with NCCL", dotted(got))
+"""
+
+LOADED_NCCL = NCCL_VERSIONS + """\
+fields = (line.split(None, 5) for line in open("/proc/self/maps"))
+paths = sorted({{f[5].strip() for f in fields
+                if len(f) == 6 and os.path.basename(f[5]).startswith("libnccl.so")}})
+assert len(paths) == 1, f"import torch loaded {{len(paths)}} libnccl files: {{paths}}"
 code = ctypes.c_int()
-ctypes.CDLL("libnccl.so.{major}").ncclGetVersion(ctypes.byref(code))
-assert split(code.value) == want, f"loaded libnccl is {{split(code.value)}}, want {{want}}"
-assert torch.__version__.startswith("{torch}"), torch.__version__
-print("torch", torch.__version__, "nccl", got)
+assert ctypes.CDLL(paths[0]).ncclGetVersion(ctypes.byref(code)) == 0, "ncclGetVersion failed"
+got = split(code.value)
+assert got == want, f"{{paths[0]}} reports NCCL {{dotted(got)}}, the nccl stage is {version}"
+print(paths[0], "reports NCCL", dotted(got))
 """
 
 
 def checks(ctx: Context) -> Sequence[Check]:
-    version = str(ctx.of("nccl")["version"])
-    script = NCCL_CHECK.format(version=version, major=version.split(".")[0],
-                               torch=ctx.of("pytorch")["version"])
-    return [Check(name="torch NCCL == nccl stage == loaded libnccl",
-                  script=sh(PYTHON, "-c", script))]
+    values = {"version": str(ctx.of("nccl")["version"]), "torch": ctx.of("pytorch")["version"]}
+    return [
+        Check(name="torch compiled with the nccl stage's NCCL",
+              script=sh(PYTHON, "-c", COMPILED_NCCL.format(**values))),
+        Check(name="libnccl loaded by import torch is the nccl stage's (ncclGetVersion)",
+              script=sh(PYTHON, "-c", LOADED_NCCL.format(**values))),
+        Check(name="torch sees a GPU", needs="gpu",
+              script=sh(PYTHON, "-c", "import torch; assert torch.cuda.is_available(), "
+                                      "'torch.cuda.is_available() is False'; "
+                                      "print(torch.cuda.get_device_name(0))")),
+    ]
 
 
 STAGE = Stage(

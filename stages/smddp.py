@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from imageforge import smoke
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source, UrlSource
 from imageforge.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
@@ -107,10 +108,20 @@ def env(ctx: Context) -> Mapping[str, str]:
 
 def checks(ctx: Context) -> Sequence[Check]:
     version = str(ctx.of("smddp")["version"])
-    return [Check(name=f"SMDDP {version} installed",
-                  script=f"{PIP} show smdistributed-dataparallel | grep -qx "
-                         f"{sh('Version: ' + version)} && /opt/conda/bin/python -c "
-                         "'import smdistributed.dataparallel'")]
+    # The native libraries load from the package's own lib/ directory, found through
+    # LD_LIBRARY_PATH; where the wheel really put it is what the path must hold.
+    lib_dir = ("lib=$(/opt/conda/bin/python -c 'import os, smdistributed.dataparallel as m; "
+               'print(os.path.join(os.path.dirname(m.__file__), "lib"))\') || exit 1\n'
+               'case ":${LD_LIBRARY_PATH-}:" in *":$lib:"*) echo "$lib is on LD_LIBRARY_PATH";;\n'
+               '  *) echo "$lib is not on LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}"; exit 1;; esac\n')
+    return [
+        Check(name=f"SMDDP {version} installed and imports",
+              script=f"{PIP} show smdistributed-dataparallel | grep -qx "
+                     f"{sh('Version: ' + version)} && /opt/conda/bin/python -c "
+                     "'import smdistributed.dataparallel'"),
+        Check(name="SMDDP native libraries link from a directory on LD_LIBRARY_PATH",
+              script=lib_dir + smoke.links('"$lib"/*.so')),
+    ]
 
 
 STAGE = Stage(

@@ -36,6 +36,8 @@ CHANGED: dict[str, str] = {
     "arch": "6.1",
     "text": "-O3",
     "name": "changed",
+    "specifier": ">=9,<10",
+    "fingerprint": "ABCD " * 10,
 }
 
 
@@ -63,13 +65,13 @@ def keys(manifest: Path, target: str, overrides: tuple[str, ...] = ()) -> dict[s
     return {s.name: s.key for s in plan.stages}
 
 
-def stage_pins() -> list[tuple[Path, str, str, str]]:
+def stage_pins(*, keyed: bool = True) -> list[tuple[Path, str, str, str]]:
     cases = []
     for manifest, target in ((SMDDP, "smddp"), (EFA_NCCL, "efa-nccl")):
         for name in closure(target, STAGES):
-            for key in STAGES[name].fields:
+            for key, field in STAGES[name].fields.items():
                 # python.version must equal image.python: the image.python case covers it.
-                if (name, key) == ("python", "version"):
+                if (name, key) == ("python", "version") or field.keyed != keyed:
                     continue
                 cases.append((manifest, target, name, key))
     return cases
@@ -86,6 +88,16 @@ def test_a_pin_changes_its_stage_and_dependents_only(manifest: Path, target: str
     after = keys(manifest, target, (f"stages.{stage}.{key}={changed_value(key, field, current)}",))
     moved = {n for n in before if before[n] != after[n]}
     assert moved == dependents(stage, target)
+
+
+@pytest.mark.parametrize(("manifest", "target", "stage", "key"), stage_pins(keyed=False),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_resolution_and_verification_keys_change_no_key(manifest: Path, target: str, stage: str,
+                                                        key: str) -> None:
+    field = STAGES[stage].fields[key]
+    current = load(manifest, registry=STAGES).stages.get(stage, {}).get(key, field.default)
+    override = f"stages.{stage}.{key}={changed_value(key, field, current)}"
+    assert keys(manifest, target, (override,)) == keys(manifest, target)
 
 
 @pytest.mark.parametrize("key", ["base", "base_digest", "platform", "cuda_arch", "cuda_home",

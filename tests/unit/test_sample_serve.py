@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -103,12 +104,18 @@ def test_missing_and_escaping_paths_are_404(server: ServerHandle) -> None:
         "/files/nope.tar.gz",
         "/files/%2e%2e/pins.json",
         "/files/..%2Fgit/nccl.git/config",
-        "/files/",
         "/",
         "/x",
     )
     for path in paths:
         assert requests.get(server.url + path, timeout=10).status_code == 404, path
+
+
+def test_files_directory_is_an_autoindex_page(server: ServerHandle,
+                                              pins: dict[str, Any]) -> None:
+    page = requests.get(server.url + "/files/", timeout=10)
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert re.findall(r'<a href="([^"]+)">', page.text) == sorted(pins["files"])
 
 
 def test_ls_remote_lists_tags(server: ServerHandle, pins: dict[str, Any]) -> None:

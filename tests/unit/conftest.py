@@ -1,0 +1,68 @@
+"""The sample upstream, served on 127.0.0.1, and manifests/sample.toml pointed at it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sample.generate import generate
+from sample.serve import ServerHandle, start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_ADDRESS = "http://127.0.0.1:8741"
+
+
+@pytest.fixture(scope="session")
+def sample_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sample-upstream")
+    generate(out)
+    return out
+
+
+@pytest.fixture
+def sample_copy(sample_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the sample upstream that a test may change (move tags, delete files)."""
+    copy = tmp_path / "upstream"
+    shutil.copytree(sample_dir, copy)
+    return copy
+
+
+@pytest.fixture
+def sample_server(sample_copy: Path) -> Iterator[ServerHandle]:
+    handle = start_server(sample_copy)
+    try:
+        yield handle
+    finally:
+        if handle.thread.is_alive():
+            handle.stop()
+
+
+@pytest.fixture
+def sample_pins(sample_dir: Path) -> dict[str, Any]:
+    pins: dict[str, Any] = json.loads((sample_dir / "pins.json").read_text())
+    return pins
+
+
+@pytest.fixture
+def isolated_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+def sample_manifest(dest: Path, url: str, edits: Mapping[str, str] | None = None) -> Path:
+    """manifests/sample.toml with its sources at `url`, written into `dest`; `edits` replaces
+    text (e.g. adds a policy line under a table header)."""
+    text = (ROOT / "manifests/sample.toml").read_text().replace(SAMPLE_ADDRESS, url)
+    for old, new in (edits or {}).items():
+        assert old in text, old
+        text = text.replace(old, new)
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "sample.toml"
+    path.write_text(text)
+    return path

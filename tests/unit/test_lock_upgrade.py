@@ -1,0 +1,213 @@
+"""`lock --upgrade`: version policies against real listings (sample upstream, local API servers)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imageforge import project, upstream
+from imageforge.errors import CompatibilityError, ManifestError, SourceError
+from imageforge.manifest import load
+from imageforge.upstream import Endpoints, newest, parse_version
+from sample.serve import ServerHandle
+from stages import STAGES
+from tests.servers import ScriptedServer
+from tests.unit.conftest import sample_manifest
+
+pytestmark = pytest.mark.usefixtures("isolated_git")
+
+EFA_POLICY = {"[stages.efa]\n": '[stages.efa]\npolicy = "~=1.14"\n'}
+NCCL_POLICY = ("stages.nccl.version=2.10.3", "stages.nccl.policy=>=2.10,<2.12")
+TOKEN = "ghp_secret_token_value_1234"
+
+
+@pytest.fixture
+def api() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as running:
+        yield running
+
+
+def settings(manifest: Path, *overrides: str) -> project.Settings:
+    return project.Settings(manifest=manifest, overrides=overrides,
+                            cache_dir=manifest.parent / "cache")
+
+
+def lock_json(manifest: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(manifest.with_name("sample.lock.json").read_text())
+    return data
+
+
+def test_upgrade_moves_efa_and_nccl_within_their_policies(
+        sample_server: ServerHandle, sample_pins: dict[str, Any], tmp_path: Path) -> None:
+    manifest = sample_manifest(tmp_path / "m", sample_server.url, EFA_POLICY)
+    s = settings(manifest, *NCCL_POLICY)
+    project.write_lock(s, upgrade=False)
+    text_before = manifest.read_text()
+
+    _, changes = project.write_lock(s, upgrade=True)
+
+    assert "efa: 1.14.1 -> 1.15.1 (policy ~=1.14)" in changes
+    assert "nccl: 2.10.3 -> 2.11.4 (policy >=2.10,<2.12)" in changes
+    assert manifest.read_text() == text_before
+    locked = lock_json(manifest)
+    assert locked["upgraded"] == {
+        "efa": {"from": "1.14.1", "to": "1.15.1", "policy": "~=1.14",
+                "source": f"{sample_server.url}/files/"},
+        "nccl": {"from": "2.10.3", "to": "2.11.4", "policy": ">=2.10,<2.12",
+                 "source": f"{sample_server.url}/git/nccl.git"},
+    }
+    assert locked["manifest_digest"] == load(manifest, NCCL_POLICY, registry=STAGES).digest()
+    # Plans build the upgraded versions, with the upgraded files' own pins.
+    efa = project.plan(s, "efa").stage("efa")
+    assert efa.inputs["version"] == "1.15.1"
+    assert efa.inputs["url"].endswith("/files/aws-efa-installer-1.15.1.tar.gz")
+    assert efa.inputs["sha256"] == sample_pins["files"]["aws-efa-installer-1.15.1.tar.gz"][
+        "sha256"]
+    nccl = project.plan(s, "nccl").stage("nccl")
+    assert (nccl.inputs["version"], nccl.inputs["ref"]) == ("2.11.4", "v2.11.4-1")
+    assert nccl.inputs["commit"] == sample_pins["repos"]["nccl"]["tags"]["v2.11.4-1"]
+    # Stages without a policy keep their version although boost 1.74.0 is upstream.
+    assert project.plan(s, "boost").stage("boost").inputs["version"] == "1.73.0"
+
+
+def test_check_judges_the_upgraded_versions(sample_server: ServerHandle, tmp_path: Path) -> None:
+    manifest = sample_manifest(tmp_path / "m", sample_server.url)
+    s = settings(manifest, *NCCL_POLICY)
+    project.write_lock(s, upgrade=False)
+    assert "lock: sample.lock.json current" in project.check(s)
+
+    project.write_lock(s, upgrade=True)
+
+    # PyTorch 1.10.2 pins NCCL 2.10.3: the upgrade needs a stated reason to pass.
+    with pytest.raises(CompatibilityError, match=r"nccl\.version 2\.11\.4 differs"):
+        project.check(s)
+
+
+def test_a_nightly_upgrade_is_a_no_op_until_upstream_moves(
+        sample_server: ServerHandle, tmp_path: Path) -> None:
+    manifest = sample_manifest(tmp_path / "m", sample_server.url, EFA_POLICY)
+    lock_file, first = project.write_lock(settings(manifest), upgrade=True)
+    after_upgrade = lock_file.read_bytes()
+    assert "efa: 1.14.1 -> 1.15.1 (policy ~=1.14)" in first
+
+    assert project.write_lock(settings(manifest), upgrade=True) == (lock_file, [])
+    assert project.write_lock(settings(manifest), upgrade=False) == (lock_file, [])
+    assert lock_file.read_bytes() == after_upgrade
+
+
+def test_stage_limits_the_upgrade(sample_server: ServerHandle, tmp_path: Path) -> None:
+    manifest = sample_manifest(tmp_path / "m", sample_server.url, EFA_POLICY)
+    s = settings(manifest, *NCCL_POLICY)
+
+    _, changes = project.write_lock(s, upgrade=True, stages=["nccl"])
+
+    assert "nccl: 2.10.3 -> 2.11.4 (policy >=2.10,<2.12)" in changes
+    assert set(lock_json(manifest)["upgraded"]) == {"nccl"}
+    _, later = project.write_lock(s, upgrade=True, stages=["efa"])
+    assert later == ["efa: src-efa 24220cb0add4527f3e3797d4cb19e85aadca13c5b549902a19028aa19afd0a54"
+                     " -> 9f53438df5b4ceba5931f1f1d9ad15b63345accb869514b04e52e48f6b1a9d6c",
+                     "efa: 1.14.1 -> 1.15.1 (policy ~=1.14)"]
+    assert set(lock_json(manifest)["upgraded"]) == {"efa", "nccl"}
+    with pytest.raises(ManifestError, match=r"--stage nope: .* defines no such stage"):
+        project.write_lock(s, upgrade=True, stages=["nope"])
+
+
+def test_a_policy_on_auto_nccl_is_refused(sample_server: ServerHandle, tmp_path: Path) -> None:
+    manifest = sample_manifest(tmp_path / "m", sample_server.url)
+    with pytest.raises(ManifestError, match=r"stages\.nccl\.version 'auto' .*policy"):
+        project.write_lock(settings(manifest, "stages.nccl.policy=~=2.10"), upgrade=True)
+
+
+def test_a_bad_policy_is_a_manifest_error(tmp_path: Path) -> None:
+    manifest = sample_manifest(tmp_path / "m", "http://127.0.0.1:9")
+    with pytest.raises(ManifestError, match=r"--set stages\.efa\.policy=1\.14\.\*\.\*"):
+        project.load_manifest(settings(manifest, "stages.efa.policy=1.14.*.*"))
+
+
+def test_versions_order_flavours_and_skip_pre_releases() -> None:
+    assert parse_version("1.1.3-aws") == parse_version("1.1.3")
+    assert parse_version("v1") is not None and parse_version("main") is None
+    releases = ["1.14.1", "1.15.1", "1.16.0rc1", "1.15.2.dev0", "2.0.0", "1.1.3-aws"]
+    assert newest(releases, "~=1.14") == "1.15.1"
+    assert newest(["1.2.0-aws", "1.1.3-aws", "1.3.0-rc1"], ">=1.1") == "1.2.0-aws"
+    assert newest(releases, ">=3") is None
+
+
+def test_index_pages_give_the_versions_the_template_names(api: ScriptedServer) -> None:
+    page = """<html><body>
+      <a href="../">../</a>
+      <a href="aws-efa-installer-1.14.1.tar.gz">aws-efa-installer-1.14.1.tar.gz</a>
+      <a href="/pub/efa/aws-efa-installer-1.15.1.tar.gz">absolute link</a>
+      <a href="aws-efa-installer-1.16.0.tar.gz.sig">a signature</a>
+      <a href="aws-efa-installer-latest.tar.gz">latest</a>
+      <a href="https://elsewhere.example/pub/efa/aws-efa-installer-9.9.9.tar.gz">other host</a>
+    </body></html>"""
+    api.route("/pub/efa/", page.encode())
+    listing = upstream.url_releases(
+        api.url("/pub/efa/aws-efa-installer-{version}.tar.gz"), Endpoints())
+    assert listing.versions == ("1.14.1", "1.15.1")
+    assert listing.source == api.url("/pub/efa/")
+    # A directory per version, files named with underscores (boost's layout).
+    api.route("/boost/", b'<a href="1.73.0/">1.73.0/</a> <a href="1.74.0/">1.74.0/</a>')
+    boost = upstream.url_releases(
+        api.url("/boost/{version}/boost_{version_underscored}.tar.gz/download"), Endpoints())
+    assert boost.versions == ("1.73.0", "1.74.0")
+
+
+def test_github_tags_api_with_token(api: ScriptedServer,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    tags = [{"name": n} for n in ("v1.12.1-aws", "v1.13.0-aws", "v1.14.0-rc1", "nightly")]
+    api.route("/repos/aws/aws-ofi-nccl/tags", json.dumps(tags).encode())
+    endpoints = Endpoints(github_api=api.url(""), github_token=TOKEN)
+    url = ("https://github.com/aws/aws-ofi-nccl/releases/download/v{version}/"
+           "aws-ofi-nccl-{version}.tar.gz")
+
+    listing = upstream.url_releases(url, endpoints)
+
+    assert listing.versions == ("1.12.1-aws", "1.13.0-aws", "1.14.0-rc1")
+    assert newest(listing.versions, "~=1.12") == "1.13.0-aws"
+    assert listing.source == "https://api.github.com/repos/aws/aws-ofi-nccl/tags"
+    seen = api.requests_for("/repos/aws/aws-ofi-nccl/tags")
+    assert [s.headers.get("Authorization") for s in seen] == [f"Bearer {TOKEN}"]
+    api.route("/repos/aws/aws-ofi-nccl/tags", status=403)
+    with pytest.raises(SourceError) as refused:
+        upstream.url_releases(url, endpoints)
+    assert "403" in str(refused.value) and TOKEN not in str(refused.value)
+    assert TOKEN not in "".join(capsys.readouterr())
+
+
+def test_github_token_comes_from_the_environment(api: ScriptedServer,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    api.route("/repos/o/r/tags", b'[{"name": "v2.0.0"}]')
+    upstream.url_releases("https://github.com/o/r/archive/refs/tags/v{version}.tar.gz",
+                          Endpoints(github_api=api.url("/")))
+    assert api.requests_for("/repos/o/r/tags")[0].headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+def test_pypi_releases_need_the_templated_file(api: ScriptedServer) -> None:
+    wheel = "smdistributed_dataparallel-{}-cp311-cp311-linux_x86_64.whl"
+    answer = {"releases": {
+        "1.4.0": [{"filename": wheel.format("1.4.0"), "yanked": False}],
+        "1.4.1": [{"filename": wheel.format("1.4.1"), "yanked": True}],
+        "1.5.0": [{"filename": wheel.format("1.5.0").replace("cp311", "cp310")}],
+        "1.4.2": [{"filename": wheel.format("1.4.2")}],
+    }}
+    api.route("/pypi/smdistributed-dataparallel/json", json.dumps(answer).encode())
+    url = ("https://files.pythonhosted.org/packages/cp311/s/smdistributed-dataparallel/"
+           + wheel.format("{version}"))
+
+    listing = upstream.url_releases(url, Endpoints(pypi=api.url("")))
+
+    assert listing.versions == ("1.4.0", "1.4.2")
+    assert listing.source == "https://pypi.org/pypi/smdistributed-dataparallel/json"
+
+
+def test_an_empty_listing_names_the_listing(api: ScriptedServer) -> None:
+    api.route("/files/", b"<html><body>nothing here</body></html>")
+    with pytest.raises(SourceError, match=r"/files/ lists no release"):
+        upstream.url_releases(api.url("/files/x-{version}.tgz"), Endpoints())
