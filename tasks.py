@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json as jsonlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -324,10 +325,63 @@ def mirror_sync(c: Context, to: str, manifest: str | None = None,
     print(project.mirror_sync(settings(c, manifest, set), Path(to)))
 
 
+@task(
+    help={"manifest": MANIFEST_HELP, "set": SET_HELP,
+          "target": "image target (default: smddp when the manifest defines it)",
+          "push": "push the dated tag (and promote in the registry)",
+          "repository": "registry repository for the tags, e.g. registry:5000/training",
+          "channel": "tag promoted on success (default golden)",
+          "tag_template": "tag template, e.g. {name}:pt{pytorch}-cu{cuda_nodot}-{date}",
+          "size_budget": "fail when the image is more than this ratio over the last golden "
+                         "one (default 1.2)",
+          "report": "directory for nightly.json, nightly.md and nightly.xml (JUnit)",
+          "webhook": "URL to POST the summary to (default imageforge.webhook)",
+          "remote": REMOTE_HELP},
+    iterable=["set"],
+)
+@boundary
+def nightly(c: Context, manifest: str | None = None, set: list[str] | None = None,
+            target: str | None = None, push: bool = False, repository: str | None = None,
+            channel: str = "golden", tag_template: str | None = None,
+            size_budget: float = 1.2, report: str | None = None, webhook: str | None = None,
+            remote: str | None = None) -> None:
+    """lock --upgrade, rebuild what changed, test-image, push a dated tag, promote."""
+    from imageforge.nightly import NightlyOptions, run
+
+    config = c.config.get("imageforge", {})
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+    options = NightlyOptions(
+        target=target, push=push, repository=repository or config.get("repository") or None,
+        channel=channel, template=tag_template, size_budget=size_budget,
+        report_dir=Path(report) if report else None,
+        webhook=webhook or config.get("webhook") or os.environ.get("IMAGEFORGE_WEBHOOK_URL"))
+    result = run(settings(c, manifest, set, remote=remote), options)
+    print(f"nightly {result.target}: {result.status}"
+          + (f"; promoted {result.promoted}" if result.promoted else ""))
+    if summary_file:
+        from imageforge.nightly import markdown
+
+        with open(summary_file, "a", encoding="utf-8") as handle:
+            handle.write(markdown(result))
+
+
+@task(help={"image": "image by digest, REPOSITORY@sha256:...",
+            "tag": "tag to point at it, e.g. golden"})
+@boundary
+def promote(c: Context, image: str, tag: str) -> None:
+    """Point a tag at a digest that passed test-image, without rebuilding."""
+    from imageforge import golden
+    from imageforge import remote as remote_mod
+
+    s = settings(c, None, None)
+    with remote_mod.credentials(image.split("/", 1)[0]) as env:
+        print(golden.promote(image, tag, cache_dir=s.cache_dir, env=env))
+
+
 cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
 mirror = Collection("mirror", mirror_sync)
-ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, cache,
-               mirror)
+ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
+               promote, cache, mirror)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
                              "remote": "", "rewrite": ""}})
 

@@ -84,17 +84,27 @@ def session(repository: str | None, environ: Mapping[str, str] | None = None
         yield None
         return
     check_repository(repository)
+    with credentials(repository.split("/", 1)[0], environ) as env:
+        yield Remote(repository=repository, env=env)
+
+
+@contextmanager
+def credentials(host: str, environ: Mapping[str, str] | None = None
+                ) -> Iterator[dict[str, str]]:
+    """Environment for docker calls that talk to `host`: a private DOCKER_CONFIG holding
+    IMAGEFORGE_REGISTRY_USER/PASSWORD when they are set, else nothing (the user's own
+    docker config and `docker login` apply)."""
     environ = os.environ if environ is None else environ
     user = environ.get("IMAGEFORGE_REGISTRY_USER")
     password = environ.get("IMAGEFORGE_REGISTRY_PASSWORD")
     if not (user and password):
-        yield Remote(repository=repository)
+        yield {}
         return
     with tempfile.TemporaryDirectory(prefix="imageforge-docker-") as tmp:
         config = Path(tmp)
         os.chmod(config, 0o700)
-        _write_config(config, repository.split("/", 1)[0], user, password)
-        yield Remote(repository=repository, env={"DOCKER_CONFIG": str(config)})
+        _write_config(config, host, user, password)
+        yield {"DOCKER_CONFIG": str(config)}
 
 
 def _write_config(config: Path, host: str, user: str, password: str) -> None:

@@ -42,4 +42,4 @@ step "invoke build --target smddp (then its smoke checks, test-image)"
 $INVOKE build --target smddp --manifest "$MANIFEST" --locked --progress plain
 
 step "invoke build --target smddp, again: nothing should rebuild"
-$INVOKE build --target smddp --manifest "$MANIFEST" --locked --progress plain
+$INVOKE build --target smddp --manifest "$MANIFEST" --locked --progress plain --no-test
