@@ -383,7 +383,7 @@ mirror = Collection("mirror", mirror_sync)
 ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
                promote, cache, mirror)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
-                             "remote": "", "rewrite": ""}})
+                             "remote": "", "rewrite": "", "repository": "", "webhook": ""}})
 
 
 @task(help={"repeats": "no-op rebuilds per tool, median reported (cold and one-pin builds "
