@@ -107,16 +107,28 @@ def plan(c: Context, target: str = "smddp", manifest: str | None = None,
 
 @task(
     help={"target": "stage to render", "manifest": MANIFEST_HELP, "set": SET_HELP,
-          "format": "dockerfile (default)"},
+          "format": "dockerfile (default), or bake: a docker-bake.json with one target per "
+                    "stage (run `invoke fetch` first: it names the fetched sources)",
+          "output": "write to this file instead of standard output"},
     iterable=["set"],
 )
 @boundary
 def render(c: Context, target: str = "smddp", manifest: str | None = None,
-           set: list[str] | None = None, format: str = "dockerfile") -> None:
-    """Print the multi-stage Dockerfile for a target."""
-    if format != "dockerfile":
-        raise FatalError(f"--format {format}: unknown format; use dockerfile.")
-    sys.stdout.write(project.dockerfile(project.plan(settings(c, manifest, set), target)))
+           set: list[str] | None = None, format: str = "dockerfile",
+           output: str | None = None) -> None:
+    """Print the multi-stage Dockerfile (or a docker-bake.json) for a target."""
+    s = settings(c, manifest, set)
+    planned = project.plan(s, target)
+    if format == "dockerfile":
+        text = project.dockerfile(planned)
+    elif format == "bake":
+        text = jsonlib.dumps(project.bake(s, planned), indent=2) + "\n"
+    else:
+        raise FatalError(f"--format {format}: unknown format; use dockerfile or bake.")
+    if output:
+        Path(output).write_text(text)
+    else:
+        sys.stdout.write(text)
 
 
 @task(

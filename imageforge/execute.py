@@ -94,3 +94,40 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
             "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false"],
         }
     return {"group": {"default": {"targets": list(targets)}}, "target": targets}
+
+
+def standalone_bake(plan: Plan, *, sources: Mapping[str, str], tag: str,
+                    labels: Mapping[str, str]) -> dict[str, Any]:
+    """`invoke render --format bake`: a docker-bake.json with one target per stage, each
+    stage's Dockerfile inline and the stages it builds on linked as `target:` contexts, for
+    teams that drive bake or a remote BuildKit fleet directly. No artifact cache: bake and
+    BuildKit's own layer cache decide what to rebuild."""
+    targets: dict[str, Any] = {}
+    for stage in plan.stages:
+        contexts = {dep: f"target:{dep}" for dep in _referenced(stage.recipe)}
+        contexts.update({src.name: sources[src.name] for src in stage.sources})
+        target: dict[str, Any] = {
+            "context": ".",
+            "dockerfile-inline": stage.recipe,
+            "target": stage.name,
+            "platforms": [str(plan.manifest.image["platform"])],
+        }
+        if contexts:
+            target["contexts"] = dict(sorted(contexts.items()))
+        targets[stage.name] = target
+    final = targets[plan.target]
+    final["tags"] = [tag]
+    final["labels"] = dict(labels)
+    return {"group": {"default": {"targets": [plan.target]}}, "target": targets}
+
+
+def _referenced(block: str) -> list[str]:
+    """Stages a block names in FROM (its parent) and COPY --from (what it gathers)."""
+    names: list[str] = []
+    for line in block.splitlines():
+        words = line.split()
+        if words[:1] == ["FROM"] and len(words) == 4 and words[2] == "AS" and "/" not in words[1] \
+                and ":" not in words[1]:
+            names.append(words[1])
+        names += [w.split("=", 1)[1] for w in words if w.startswith("--from=")]
+    return sorted(set(names))

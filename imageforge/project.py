@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from imageforge import compat, lock
 from imageforge import manifest as manifest_mod
@@ -164,6 +165,17 @@ def check(settings: Settings) -> list[str]:
 def dockerfile(planned: Plan) -> str:
     return render_dockerfile(((s.name, s.recipe) for s in planned.stages),
                              manifest=str(planned.manifest.path), target=planned.target)
+
+
+def bake(settings: Settings, planned: Plan) -> dict[str, Any]:
+    """The docker-bake.json equivalent of building `planned` (render --format bake)."""
+    from imageforge.build import default_tag, labels
+    from imageforge.execute import standalone_bake
+
+    cache = source_cache(settings)
+    sources = {src.name: str(cache.path_for(src)) for src in planned.sources()}
+    return standalone_bake(planned, sources=sources, tag=default_tag(planned),
+                           labels=labels(planned))
 
 
 def manifest_label(path: Path) -> str:
