@@ -140,6 +140,8 @@ def render(c: Context, target: str = "smddp", manifest: str | None = None,
           "dry_run": "print the buildx command and Dockerfile, build nothing",
           "locked": "refuse a missing or stale lock file (what CI and nightly use)",
           "remote": REMOTE_HELP, "mirror": MIRROR_HELP,
+          "summary": "also write a Markdown summary here ($GITHUB_STEP_SUMMARY is appended to "
+                     "when set)",
           "test": "run test-image on a built image target (default; --no-test skips it); "
                   "a failed check exits 10 after the image is tagged"},
     iterable=["set"],
@@ -149,11 +151,12 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
           set: list[str] | None = None, push: bool = False, tag: str | None = None,
           builder: str | None = None, progress: str = "auto", dry_run: bool = False,
           locked: bool = False, remote: str | None = None, test: bool = True,
-          mirror: str | None = None) -> None:
+          mirror: str | None = None, summary: str | None = None) -> None:
     """Build a target with BuildKit: every stage it needs, in one parallel build; then run
     the image's checks (test-image)."""
-    from imageforge.build import BuildOptions, summary
+    from imageforge.build import BuildOptions, markdown_summary
     from imageforge.build import build as run_build
+    from imageforge.build import summary as summary_table
 
     if progress not in ("auto", "plain", "json", "tty"):
         raise FatalError(f"--progress {progress}: use auto, plain or json.")
@@ -163,7 +166,10 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
     result = run_build(s, options)
     if result is None:
         return
-    print(summary(result))
+    print(summary_table(result))
+    for path in filter(None, [summary, os.environ.get("GITHUB_STEP_SUMMARY")]):
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(markdown_summary(result))
     if not test or not project.is_image(target):
         return
     if push:

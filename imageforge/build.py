@@ -352,6 +352,18 @@ def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
     return path
 
 
+def markdown_summary(result: BuildResult) -> str:
+    """The build as a Markdown table, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)."""
+    rebuilt = ", ".join(result.rebuilt) or "nothing (every stage came from the cache)"
+    lines = [f"### imageforge build: {result.target}", "",
+             f"Image `{result.tag}`" + (f" `{result.image_digest}`" if result.image_digest else ""),
+             f"in {result.seconds:.1f} s; rebuilt: {rebuilt}.", "",
+             "| stage | result | seconds | key |", "|---|---|---:|---|"]
+    lines += [f"| {s.name} | {s.state} | {s.seconds:.1f} | `{s.key[7:19]}` |"
+              for s in result.stages]
+    return "\n".join(lines) + "\n"
+
+
 def summary(result: BuildResult) -> str:
     lines = [f"{'stage':<14} {'result':<8} {'seconds':>8}"]
     lines += [f"{s.name:<14} {s.state:<8} {s.seconds:>8.1f}" for s in result.stages]

@@ -118,3 +118,17 @@ def test_config_env_var_sets_the_default_manifest() -> None:
                             env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["manifest"] == "manifests/efa-nccl.toml"
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".png"])
+def test_plan_graph_renders_pictures_with_graphviz(tmp_path: Path, suffix: str) -> None:
+    out = tmp_path / f"dag{suffix}"
+    result = invoke("plan", "--manifest", "manifests/efa-nccl.toml", "--target", "efa-nccl",
+                    "--graph", str(out))
+    assert result.returncode == 0, result.stderr
+    data = out.read_bytes()
+    if suffix == ".svg":
+        text = data.decode()
+        assert text.lstrip().startswith(("<?xml", "<svg")) and "<title>nccl</title>" in text
+    else:
+        assert data.startswith(b"\x89PNG\r\n\x1a\n")
