@@ -73,14 +73,17 @@ def test_test_image_runs_every_smoke_check(smddp_image: str, sample_manifest: Pa
 
 
 def test_second_build_rebuilds_nothing_and_says_so(smddp_image: str, sample_manifest: Path,
-                                                   cache_dir: Path) -> None:
+                                                   cache_dir: Path, tmp_path: Path) -> None:
+    summary = tmp_path / "summary.md"
     result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest), "--tag",
-                    smddp_image, "--progress", "plain", cache=cache_dir)
+                    smddp_image, "--progress", "plain", "--no-test", "--summary", str(summary),
+                    cache=cache_dir)
     assert result.returncode == 0, result.stderr
     assert "nothing rebuilt" in result.stdout
     report = sorted((cache_dir / "reports").glob("*-smddp.json"))[-1]
     stages = json.loads(report.read_text())["stages"]
     assert {s["state"] for s in stages} == {"cached"}
+    assert "| smddp | cached |" in summary.read_text()
 
 
 def test_efa_nccl_image_from_sample(sample_manifest: Path, cache_dir: Path) -> None:
