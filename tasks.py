@@ -270,12 +270,14 @@ def check_image(s: project.Settings, planned: Plan, image: str, *, hardware: boo
 @task
 @boundary
 def docs(c: Context) -> None:
-    """Regenerate the manifest reference in README.md from the stage modules."""
-    from imageforge.reference import update_readme
+    """Regenerate the manifest reference (README.md, docs/manifest.md) from the stages."""
+    from imageforge.reference import update_page, update_readme
     from stages import STAGES
 
     changed = update_readme(Path("README.md"), STAGES)
     print("README.md: manifest reference " + ("updated" if changed else "already current"))
+    changed = update_page(Path("docs/manifest.md"), STAGES)
+    print("docs/manifest.md: " + ("updated" if changed else "already current"))
 
 
 @task(name="ls", help={"json": "print entries as JSON"})
@@ -336,10 +338,12 @@ def explain(c: Context, target: str = "smddp", manifest: str | None = None,
 @task(name="sync", help={"to": "directory to write the mirror into", "manifest": MANIFEST_HELP,
                          "set": SET_HELP}, iterable=["set"])
 @boundary
-def mirror_sync(c: Context, to: str, manifest: str | None = None,
+def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
                 set: list[str] | None = None) -> None:
     """Copy every source of a locked manifest into DIR (files, bare git repos, index.json)
     for air-gapped builds with --mirror DIR."""
+    if not to:
+        raise FatalError("mirror.sync needs --to DIR.")
     print(project.mirror_sync(settings(c, manifest, set), Path(to)))
 
 
@@ -386,11 +390,13 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
 @task(help={"image": "image by digest, REPOSITORY@sha256:...",
             "tag": "tag to point at it, e.g. golden"})
 @boundary
-def promote(c: Context, image: str, tag: str) -> None:
+def promote(c: Context, image: str | None = None, tag: str = "golden") -> None:
     """Point a tag at a digest that passed test-image, without rebuilding."""
     from imageforge import golden
     from imageforge import remote as remote_mod
 
+    if not image:
+        raise FatalError("promote needs --image REPOSITORY@sha256:<digest>.")
     s = settings(c, None, None)
     with remote_mod.credentials(image.split("/", 1)[0]) as env:
         print(golden.promote(image, tag, cache_dir=s.cache_dir, env=env))

@@ -50,3 +50,37 @@ def update_readme(readme: Path, registry: Mapping[str, Stage]) -> bool:
         return False
     readme.write_text(updated)
     return True
+
+
+PAGE_INTRO = """\
+# Manifest reference
+
+Generated from the stage modules by `invoke docs`; do not edit by hand.
+
+A manifest is a TOML file with one `[image]` table and one `[stages.<name>]` table per stage
+the image needs. Every value is validated (type and a strict pattern) when the manifest is
+loaded, and `--set KEY=VALUE` overrides are validated the same way. Keys marked "from the
+lock" are filled in by `invoke lock`; you may also pin them by hand. URLs and refs may use
+`{version}` (and `{version_underscored}`, e.g. 1_73_0).
+
+"""
+
+
+def page(registry: Mapping[str, Stage]) -> str:
+    """docs/manifest.md: every key with its type, default and meaning, and each stage's own
+    description and example."""
+    parts = [PAGE_INTRO + _table("[image]", IMAGE_FIELDS)]
+    for name, stage in registry.items():
+        # Docstring sections ("# Parameters", "# Examples") become bold labels, not titles.
+        doc = re.sub(r"^# (\w+)$", r"**\1**", stage.doc.strip(), flags=re.M)
+        parts.append(f"## Stage `{name}`\n\n{doc}" + (
+            "\n\n" + _table(f"[stages.{name}]", stage.fields) if stage.fields else ""))
+    return "\n\n".join(parts) + "\n"
+
+
+def update_page(path: Path, registry: Mapping[str, Stage]) -> bool:
+    text = page(registry)
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
