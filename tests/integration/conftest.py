@@ -7,13 +7,16 @@ the reason, so unit work stays possible on a laptop without Docker.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PORT = "127.0.0.1:8741"
@@ -90,3 +93,42 @@ def invoke(*args: str, cache: Path | None = None, env: dict[str, str] | None = N
 def docker_out(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, text=True,
                           check=True).stdout.strip()
+
+
+# The test registry's password: chosen per session, handed to compose through the
+# environment, and searched for in outputs by the secret tests.
+REGISTRY_USER = "imageforge"
+REGISTRY_PASSWORD = os.environ.setdefault("IMAGEFORGE_TEST_REGISTRY_PASSWORD",
+                                          "pw-" + secrets.token_hex(12))
+
+
+@pytest.fixture(scope="session")
+def docker_compose_file() -> str:
+    return str(Path(__file__).parent / "docker-compose.yml")
+
+
+@pytest.fixture(scope="session")
+def docker_compose_project_name() -> str:
+    return f"imageforge-test-{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def registry(docker_ready: None, docker_services: Any) -> str:
+    """A real registry (distribution, htpasswd auth) on 127.0.0.1; returns host:port."""
+    port = docker_services.port_for("registry", 5000)
+    url = f"http://127.0.0.1:{port}/v2/"
+
+    def up() -> bool:
+        try:
+            # 401 is "up": the registry answers and wants credentials.
+            return requests.get(url, timeout=2).status_code in (200, 401)
+        except requests.RequestException:
+            return False
+
+    docker_services.wait_until_responsive(check=up, timeout=60, pause=0.5)
+    return f"127.0.0.1:{port}"
+
+
+def registry_env() -> dict[str, str]:
+    return {"IMAGEFORGE_REGISTRY_USER": REGISTRY_USER,
+            "IMAGEFORGE_REGISTRY_PASSWORD": REGISTRY_PASSWORD}

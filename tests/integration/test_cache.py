@@ -1,0 +1,165 @@
+"""The artifact cache with real BuildKit, a real registry with auth, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ROOT, invoke, registry_env
+
+RUN = uuid.uuid4().hex[:8]
+
+
+def build(manifest: Path, cache: Path, *args: str, env: dict[str, str] | None = None,
+          target: str = "smddp") -> subprocess.CompletedProcess[str]:
+    return invoke("build", "--target", target, "--manifest", str(manifest), "--progress",
+                  "plain", "--tag", f"imageforge-test/{target}:{RUN}", *args, cache=cache,
+                  env=env)
+
+
+def last_report(cache: Path, target: str = "smddp") -> dict[str, str]:
+    report = sorted((cache / "reports").glob(f"*-{target}.json"))[-1]
+    return {s["name"]: s["state"] for s in json.loads(report.read_text())["stages"]}
+
+
+def entries(cache: Path) -> list[Path]:
+    root = cache / "artifacts" / "entries"
+    return sorted(root.iterdir()) if root.exists() else []
+
+
+def test_cross_target_reuse_without_rebuild_or_refetch(sample_manifest: Path,
+                                                       tmp_path: Path) -> None:
+    first = build(sample_manifest, tmp_path, target="efa-nccl")
+    assert first.returncode == 0, first.stderr
+    second = build(sample_manifest, tmp_path)
+    assert second.returncode == 0, second.stderr
+    states = last_report(tmp_path)
+    assert {states[s] for s in ("efa", "nccl", "aws-ofi-nccl")} == {"cached"}
+    assert {states[s] for s in ("pytorch", "torchvision", "boost", "smddp")} == {"built"}
+    # Reused stages' sources are not fetched (not even looked up) again.
+    assert "src-efa" not in second.stderr and "src-nccl:" not in second.stderr
+
+
+def test_fresh_local_cache_with_warm_registry_builds_nothing(
+        sample_manifest: Path, registry: str, tmp_path: Path) -> None:
+    remote = f"{registry}/cache-{RUN}"
+    warm = build(sample_manifest, tmp_path / "a", "--remote", remote, env=registry_env())
+    assert warm.returncode == 0, warm.stderr
+    plan = invoke("plan", "--manifest", str(sample_manifest), "--remote", remote, "--json",
+                  cache=tmp_path / "b", env=registry_env())
+    assert plan.returncode == 0, plan.stderr
+    assert {s["status"] for s in json.loads(plan.stdout)["stages"]} == {"remote"}
+    cold = build(sample_manifest, tmp_path / "b", "--remote", remote, env=registry_env())
+    assert cold.returncode == 0, cold.stderr
+    assert "built" not in set(last_report(tmp_path / "b").values())
+    assert "nothing rebuilt" in cold.stdout
+    pulled = invoke("cache.pull", "--manifest", str(sample_manifest), "--remote", remote,
+                    cache=tmp_path / "c", env=registry_env())
+    assert pulled.returncode == 0, pulled.stderr
+    assert len(entries(tmp_path / "c")) == 9
+
+
+def test_registry_credentials_are_required_and_never_printed(
+        sample_manifest: Path, registry: str, tmp_path: Path) -> None:
+    remote = f"{registry}/cache-{RUN}"
+    denied = invoke("plan", "--manifest", str(sample_manifest), "--remote", remote,
+                    cache=tmp_path, env={"IMAGEFORGE_REGISTRY_USER": "imageforge",
+                                         "IMAGEFORGE_REGISTRY_PASSWORD": "wrong"})
+    assert denied.returncode == 9
+    assert "refused our credentials" in denied.stderr
+    ok = invoke("plan", "--manifest", str(sample_manifest), "--remote", remote, cache=tmp_path,
+                env=registry_env())
+    password = registry_env()["IMAGEFORGE_REGISTRY_PASSWORD"]
+    for out in (denied.stdout, denied.stderr, ok.stdout, ok.stderr):
+        assert password not in out
+
+
+def test_unreachable_registry_degrades_to_local_with_a_warning(sample_manifest: Path,
+                                                               tmp_path: Path) -> None:
+    result = build(sample_manifest, tmp_path, "--remote", "127.0.0.1:9/nowhere",
+                   target="nccl")
+    assert result.returncode == 0, result.stderr
+    assert "remote cache 127.0.0.1:9/nowhere is unreachable" in result.stderr
+    assert last_report(tmp_path, "nccl")["nccl"] == "built"
+
+
+def test_corrupted_entry_is_detected_discarded_and_rebuilt(sample_manifest: Path,
+                                                           tmp_path: Path) -> None:
+    assert build(sample_manifest, tmp_path, target="nccl").returncode == 0
+    (entry,) = [e for e in entries(tmp_path)
+                if json.loads((e / "meta.json").read_text())["stage"] == "nccl"]
+    blob = max((entry / "blobs" / "sha256").iterdir(), key=lambda p: p.stat().st_size)
+    with blob.open("r+b") as handle:
+        handle.write(b"corrupt!")
+    again = build(sample_manifest, tmp_path, target="nccl")
+    assert again.returncode == 0, again.stderr
+    assert "cached artifact of nccl" in again.stderr and "corrupt" in again.stderr
+    assert last_report(tmp_path, "nccl")["nccl"] == "built"
+    verify = invoke("cache.ls", "--json", cache=tmp_path)
+    assert [e["stage"] for e in json.loads(verify.stdout)].count("nccl") == 1
+
+
+def test_two_builds_at_once_share_the_work(sample_manifest: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
+    argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "build", "--target", "efa-nccl",
+            "--manifest", str(sample_manifest), "--progress", "plain"]
+    procs = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    reports = sorted((tmp_path / "reports").glob("*-efa-nccl.json"))
+    assert len(reports) == 2
+    built = [s["name"] for r in reports for s in json.loads(r.read_text())["stages"]
+             if s["state"] == "built"]
+    assert len(built) == len(set(built)), f"a stage was built twice: {built}"
+    assert len(entries(tmp_path)) == 6
+
+
+def test_sigkill_mid_build_leaves_no_partial_entry(sample_manifest: Path,
+                                                   tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
+    # A version BuildKit has never built here, so the build is slow enough to interrupt.
+    argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "build", "--target", "pytorch",
+            "--manifest", str(sample_manifest), "--progress", "plain",
+            "--set", f"stages.pytorch.nvcc_flags=-Xfatbin-{RUN}"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 300
+    for line in proc.stderr:
+        if "pytorch" in line and "building" in line:
+            break
+        assert time.monotonic() < deadline
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for entry in entries(tmp_path):
+        assert (entry / "meta.json").exists() and (entry / "index.json").exists()
+    again = invoke("build", "--target", "pytorch", "--manifest", str(sample_manifest),
+                   "--progress", "plain", "--set", f"stages.pytorch.nvcc_flags=-Xfatbin-{RUN}",
+                   cache=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert last_report(tmp_path, "pytorch")["pytorch"] == "built"
+    leftovers = [p for p in (tmp_path / "artifacts" / "tmp").iterdir()]
+    assert leftovers == [], leftovers
+
+
+@pytest.mark.parametrize("args", [("--max-size", "1K"), ("--older-than", "0s")])
+def test_prune_empties_the_cache_and_a_build_refills_it(sample_manifest: Path, tmp_path: Path,
+                                                        args: tuple[str, str]) -> None:
+    assert build(sample_manifest, tmp_path, target="boost").returncode == 0
+    assert len(entries(tmp_path)) == 2
+    pruned = invoke("cache.prune", *args, cache=tmp_path)
+    assert pruned.returncode == 0, pruned.stderr
+    assert entries(tmp_path) == []
+    assert not any((tmp_path / "artifacts" / "blobs" / "sha256").iterdir())
+    assert build(sample_manifest, tmp_path, target="boost").returncode == 0
+    assert last_report(tmp_path, "boost")["boost"] == "built"
