@@ -87,8 +87,19 @@ class ArtifactStore:
         entry = self.get(key)
         if entry is None:
             return None
-        bad = [blob for blob in _blob_files(entry.path) if not _blob_ok(blob)]
+        # A blob hashed before and not touched since (same size, mtime and inode) is not
+        # hashed again: a no-op rebuild stays fast however large the image.
+        stamps_path = entry.path / "verified.json"
+        try:
+            stamps = json.loads(stamps_path.read_text())
+        except (OSError, ValueError):
+            stamps = {}
+        blobs = list(_blob_files(entry.path))
+        bad = [b for b in blobs if stamps.get(b.name) != _stamp(b) and not _blob_ok(b)]
         if not bad and (entry.path / "index.json").exists():
+            fresh = {b.name: _stamp(b) for b in blobs}
+            if fresh != stamps:
+                _write_json(stamps_path, fresh)
             return entry
         print(f"imageforge: warning: cached artifact of {entry.stage} ({key[:19]}) is corrupt "
               f"({len(bad)} bad blob(s)); discarding it, the stage will be rebuilt.",
@@ -245,6 +256,11 @@ def _blob_files(layout: Path) -> Iterator[Path]:
     directory = layout / "blobs" / "sha256"
     if directory.exists():
         yield from sorted(p for p in directory.iterdir() if p.is_file())
+
+
+def _stamp(blob: Path) -> list[int]:
+    info = blob.stat()
+    return [info.st_size, info.st_mtime_ns, info.st_ino]
 
 
 def _blob_ok(blob: Path) -> bool:

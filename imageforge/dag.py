@@ -21,21 +21,27 @@ def closure(target: str, registry: Mapping[str, Stage]) -> list[str]:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ManifestError(f"--target {target}: unknown stage; {hint}"
                             f"targets are: {', '.join(registry)}.")
+    # Iterative depth-first search: graphs may be deeper than Python's recursion limit.
     order: list[str] = []
+    done: set[str] = set()
     visiting: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in order:
-            return
-        if name in visiting:
-            raise ManifestError(f"stage {name!r} depends on itself through its dependencies.")
-        visiting.add(name)
-        for dep in direct_deps(registry[name]):
-            visit(dep)
-        visiting.discard(name)
-        order.append(name)
-
-    visit(target)
+    stack: list[tuple[str, list[str]]] = [(target, list(direct_deps(registry[target])))]
+    visiting.add(target)
+    while stack:
+        name, pending = stack[-1]
+        if not pending:
+            stack.pop()
+            visiting.discard(name)
+            done.add(name)
+            order.append(name)
+            continue
+        dep = pending.pop(0)
+        if dep in done:
+            continue
+        if dep in visiting:
+            raise ManifestError(f"stage {dep!r} depends on itself through its dependencies.")
+        visiting.add(dep)
+        stack.append((dep, list(direct_deps(registry[dep]))))
     return order
 
 

@@ -23,6 +23,14 @@ def bind(context: str, target: str, *, rw: bool = False) -> str:
     return f"type=bind,from={context},target={target}" + (",rw" if rw else "")
 
 
+CCACHE_DIR = "/root/.ccache"
+# Compiler results kept by BuildKit between builds of a stage, on the build host only:
+# cache mounts are never exported into images or artifacts, so they cannot change a key.
+CCACHE_MOUNT = f"type=cache,id=imageforge-ccache,target={CCACHE_DIR}"
+# Routes gcc/g++ through ccache when the image has it (Debian/Ubuntu's symlink farm).
+USE_CCACHE = f'export CCACHE_DIR={CCACHE_DIR} PATH="/usr/lib/ccache:$PATH"'
+
+
 def env_line(variables: Mapping[str, str]) -> str:
     """ENV with double-quoted values; values are validated upstream to hold no quotes,
     backslashes or newlines, and '$' only where the engine itself writes a reference."""

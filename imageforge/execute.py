@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge.plan import Plan
+from imageforge.plan import Plan, PlannedStage
 from imageforge.render import render_dockerfile
 from imageforge.stage import Stage
 
@@ -23,10 +23,18 @@ def full_artifact_stages(registry: Mapping[str, Stage]) -> set[str]:
         name for name, s in registry.items() if s.image}
 
 
+def is_external(stage: PlannedStage) -> bool:
+    """A stage that is only its FROM line (e.g. `base` on a base image that already has
+    every tool): the base image is its artifact, so it is rendered, never built or stored."""
+    lines = stage.recipe.strip().splitlines()
+    return len(lines) == 1 and lines[0].startswith("FROM ") and stage.deps == ()
+
+
 def to_build(plan: Plan) -> list[str]:
     """The stages BuildKit must build: the target unless cached, and recursively every
     dependency of a stage being built that no cache holds. Plan order."""
-    available = {s.name for s in plan.stages if s.status in ("cached", "remote")}
+    available = {s.name for s in plan.stages
+                 if s.status in ("cached", "remote") or is_external(s)}
     needed: set[str] = set()
 
     def need(name: str) -> None:
@@ -45,7 +53,8 @@ def reused(plan: Plan, building: list[str]) -> list[str]:
     used = {dep for name in building for dep in plan.stage(name).deps}
     if plan.target not in building:
         used.add(plan.target)
-    return [s.name for s in plan.stages if s.name in used and s.name not in building]
+    return [s.name for s in plan.stages
+            if s.name in used and s.name not in building and not is_external(s)]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,7 +69,9 @@ class Run:
 def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
              contexts: Mapping[str, str]) -> Run:
     full = full_artifact_stages(registry)
-    blocks = [(name, plan.stage(name).recipe) for name in building]
+    used = {dep for name in building for dep in plan.stage(name).deps} | {plan.target}
+    blocks = [(s.name, s.recipe) for s in plan.stages if is_external(s) and s.name in used]
+    blocks += [(name, plan.stage(name).recipe) for name in building]
     artifact_targets: dict[str, str] = {}
     for name in building:
         if name in full:

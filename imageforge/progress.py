@@ -26,7 +26,8 @@ State = Literal["waiting", "building", "cached", "remote", "built", "failed"]
 Mode = Literal["auto", "plain", "json", "tty"]
 
 # "[nccl 2/3] RUN ..." from build; "[image nccl 2/3] RUN ..." from bake (target first).
-_VERTEX = re.compile(r"^\[(?:[a-z0-9._-]+ )?(?P<stage>[a-z0-9][a-z0-9._-]*) \d+/\d+\]")
+# BuildKit pads the step number once a stage has ten or more steps: "[smddp  4/10]".
+_VERTEX = re.compile(r"^\[(?:[a-z0-9._-]+ )?(?P<stage>[a-z0-9][a-z0-9._-]*) +\d+/\d+\]")
 _FRACTION = re.compile(r"(\.\d{6})\d+")
 
 
@@ -66,7 +67,9 @@ class StageProgress:
         if self.reused is not None:
             return self.reused
         vs = list(self.vertices.values())
-        if any(v.error for v in vs):
+        # Bake runs a step shared by several targets once and cancels the other copies:
+        # "context canceled" is not the step failing.
+        if any(v.error and not _cancelled(v.error) for v in vs):
             return "failed"
         if not vs or all(v.started is None for v in vs):
             return "cached" if self.succeeded else "waiting"
@@ -85,7 +88,8 @@ class StageProgress:
 
     @property
     def error(self) -> str | None:
-        return next((v.error for v in self.vertices.values() if v.error), None)
+        errors = [v.error for v in self.vertices.values() if v.error]
+        return next((e for e in errors if not _cancelled(e)), errors[0] if errors else None)
 
 
 class BuildProgress:
@@ -184,6 +188,10 @@ class BuildProgress:
             state = stage.state
             table.add_row(stage.name, f"[{colours[state]}]{state}[/]", f"{stage.seconds:.1f}")
         return table
+
+
+def _cancelled(error: str) -> bool:
+    return "context canceled" in error
 
 
 def _pick_mode(mode: Mode, out: IO[str]) -> Mode:

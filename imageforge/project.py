@@ -13,6 +13,7 @@ from imageforge import manifest as manifest_mod
 from imageforge import mirror as mirror_mod
 from imageforge.artifacts import ArtifactStore
 from imageforge.errors import ManifestError
+from imageforge.execute import is_external
 from imageforge.manifest import Manifest
 from imageforge.plan import Plan, Status, defined_targets, make_plan
 from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
@@ -59,7 +60,7 @@ def with_statuses(planned: Plan, store: ArtifactStore, remote: Remote | None) ->
     statuses: dict[str, Status] = {}
     missing = []
     for stage in planned.stages:
-        if store.get(stage.key) is not None:
+        if is_external(stage) or store.get(stage.key) is not None:
             statuses[stage.name] = "cached"
         else:
             missing.append(stage)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from imageforge import smoke
-from imageforge.dockerfile import bind, run, sh
+from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
@@ -48,6 +48,7 @@ def recipe(ctx: Context) -> str:
     arches = ctx.image["cuda_arch"]
     gencode_var = [f"NVCC_GENCODE={gencode(arches)}"] if arches else []
     return run(
+        USE_CCACHE,
         "cd /tmp/nccl",
         'make -j"$(nproc)" '
         + sh("src.build", f"CUDA_HOME={cuda}", *gencode_var, f"BUILDDIR={BUILDDIR}"),
@@ -55,7 +56,7 @@ def recipe(ctx: Context) -> str:
         sh("mkdir", "-p", prefix),
         f"tar -xvf {BUILDDIR}/pkg/txz/nccl_*.txz -C {sh(prefix)} --strip-components=1",
         sh("rm", "-rf", BUILDDIR),
-        mounts=[bind("src-nccl", "/tmp/nccl", rw=True)],
+        mounts=[bind("src-nccl", "/tmp/nccl", rw=True), CCACHE_MOUNT],
     )
 
 

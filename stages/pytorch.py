@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from imageforge.dockerfile import apt_install, bind, run, sh
+from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
@@ -72,9 +72,10 @@ def recipe(ctx: Context) -> str:
     if inputs.get("max_jobs"):
         variables.append(f"MAX_JOBS={inputs['max_jobs']}")
     steps.append(run(
+        USE_CCACHE,
         "cd /tmp/pytorch",
         sh("env", *variables, PYTHON, "setup.py", "install", f"--root={EXPORT_ROOT}"),
-        mounts=[bind("src-pytorch", "/tmp/pytorch", rw=True)],
+        mounts=[bind("src-pytorch", "/tmp/pytorch", rw=True), CCACHE_MOUNT],
     ))
     return "\n".join(steps)
 

@@ -69,3 +69,23 @@ def test_stream_reader_handles_any_chunking_and_stray_lines(chunking: int) -> No
     objs = list(read_statuses(Chunky(text), other))
     assert objs[1] == {"a": 1} and objs[0]["vertexes"][0]["name"] == "[one 1/1] RUN x"
     assert other == ["warning: x"]
+
+
+def test_padded_step_numbers_and_cancelled_copies_of_shared_steps() -> None:
+    # Bake prefixes the target, pads "4/10", and cancels duplicate copies of shared steps.
+    stream = json.dumps({"vertexes": [
+        {"digest": "a", "name": "[image smddp  4/10] RUN x", "started": "2026-11-29T00:00:00Z",
+         "completed": "2026-11-29T00:00:02Z"},
+        {"digest": "b", "name": "[artifact-efa efa 1/1] RUN y",
+         "started": "2026-11-29T00:00:00Z", "completed": "2026-11-29T00:00:01Z",
+         "error": "context canceled"},
+        {"digest": "c", "name": "[image efa 1/1] RUN y", "started": "2026-11-29T00:00:00Z",
+         "completed": "2026-11-29T00:00:01Z"},
+    ]}).encode()
+    progress = BuildProgress(["efa", "smddp"], "plain", io.StringIO())
+    with progress:
+        for status in read_statuses(io.BytesIO(stream), []):
+            progress.feed(status)
+        progress.succeeded()
+    assert states(progress) == {"efa": "built", "smddp": "built"}
+    assert progress.stages["smddp"].seconds == pytest.approx(2.0)

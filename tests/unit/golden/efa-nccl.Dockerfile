@@ -21,8 +21,9 @@ RUN --mount=type=bind,from=src-efa,target=/src \
 
 # ---- nccl ----
 FROM base AS nccl
-RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw \
-    cd /tmp/nccl \
+RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=imageforge-ccache,target=/root/.ccache \
+    export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
+    && cd /tmp/nccl \
     && make -j"$(nproc)" src.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
     && make pkg.txz.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
     && mkdir -p /out/usr/local \
