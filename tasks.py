@@ -89,8 +89,11 @@ def plan(c: Context, target: str = "smddp", manifest: str | None = None,
          set: list[str] | None = None, json: bool = False, graph: str | None = None,
          remote: str | None = None) -> None:
     """Show the stages a target needs, in build order, with keys and cache status."""
+    from imageforge import remote as remote_mod
+
     s = settings(c, manifest, set, remote=remote)
-    planned = project.plan(s, target)
+    with remote_mod.session(s.remote) as registry:
+        planned = project.plan(s, target, remote=registry)
     if graph:
         from imageforge.graph import write_graph
 

@@ -74,6 +74,40 @@ def default_tag(planned: Plan) -> str:
     return f"imageforge/{name}:{planned.target}-{planned.key[7:19]}"
 
 
+def registry_host(ref: str) -> str | None:
+    """The registry an image reference names, if it names one."""
+    first = ref.split("/", 1)[0]
+    return first if "/" in ref and ("." in first or ":" in first or first == "localhost") else None
+
+
+def project_revision() -> str:
+    """The git revision of the imageforge checkout that renders the recipes."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=False)
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() if head.returncode == 0 else "unknown"
+
+
+def image_metadata(settings: project.Settings, planned: Plan) -> tuple[dict[str, str], int | None]:
+    """The labels of the final image and its SOURCE_DATE_EPOCH (from the lock)."""
+    values = labels(planned)
+    values[f"{LABEL_PREFIX}.revision"] = project_revision()
+    values["org.opencontainers.image.revision"] = values[f"{LABEL_PREFIX}.revision"]
+    current = project.current_lock(settings)
+    epoch = None
+    if current is not None:
+        found, digest = current
+        values[f"{LABEL_PREFIX}.lock-digest"] = digest
+        epoch = found.source_date_epoch
+    if epoch is not None:
+        values["org.opencontainers.image.created"] = datetime.fromtimestamp(
+            epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return values, epoch
+
+
 def labels(planned: Plan) -> dict[str, str]:
     """OCI labels: what the image is made of. Never secrets: labels are public."""
     values = {
@@ -92,31 +126,42 @@ def labels(planned: Plan) -> dict[str, str]:
 
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:
     store = project.artifact_store(settings)
-    with remote_mod.session(settings.remote) as remote:
-        planned = project.plan(settings, options.target, remote=remote)
-        if options.dry_run:
-            _print_dry_run(settings, planned, options)
-            return None
-        ensure_ready(options.builder)
-        for _ in range(5):
-            building = to_build(planned)
-            using = reused(planned, building)
-            keys = [(store.lock_path(planned.stage(n).key), False, n) for n in building]
-            keys += [(store.lock_path(planned.stage(n).key), True, n) for n in using
-                     if planned.stage(n).status == "cached"]
-            with locked_all(keys):
-                # Another build may have stored (or pruned) keys while we waited.
-                fresh = project.with_statuses(planned, store, remote)
-                if to_build(fresh) != building or reused(fresh, building) != using:
-                    planned = fresh
-                    continue
-                contexts = _reuse_contexts(store, remote, fresh, using)
-                if contexts is None:
-                    planned = project.with_statuses(fresh, store, remote)
-                    continue
-                return _execute(settings, options, store, remote, fresh, building, contexts)
-        raise CacheError("the artifact cache kept changing under this build (other builds or "
-                         "prunes running); run it again.")
+    hosts = [remote_mod.check_repository(settings.remote).split("/", 1)[0]] \
+        if settings.remote else []
+    if options.push and options.tag and registry_host(options.tag):
+        hosts.append(str(registry_host(options.tag)))
+    with remote_mod.credentials(hosts) as env:
+        remote = Remote(repository=settings.remote, env=env) if settings.remote else None
+        return _build(settings, options, store, remote, env)
+
+
+def _build(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+           remote: Remote | None, env: Mapping[str, str]) -> BuildResult | None:
+    planned = project.plan(settings, options.target, remote=remote)
+    if options.dry_run:
+        _print_dry_run(settings, planned, options)
+        return None
+    ensure_ready(options.builder)
+    for _ in range(5):
+        building = to_build(planned)
+        using = reused(planned, building)
+        keys = [(store.lock_path(planned.stage(n).key), False, n) for n in building]
+        keys += [(store.lock_path(planned.stage(n).key), True, n) for n in using
+                 if planned.stage(n).status == "cached"]
+        with locked_all(keys):
+            # Another build may have stored (or pruned) keys while we waited.
+            fresh = project.with_statuses(planned, store, remote)
+            if to_build(fresh) != building or reused(fresh, building) != using:
+                planned = fresh
+                continue
+            contexts = _reuse_contexts(store, remote, fresh, using)
+            if contexts is None:
+                planned = project.with_statuses(fresh, store, remote)
+                continue
+            return _execute(settings, options, store, remote, fresh, building, contexts,
+                            env)
+    raise CacheError("the artifact cache kept changing under this build (other builds or "
+                     "prunes running); run it again.")
 
 
 def _reuse_contexts(store: ArtifactStore, remote: Remote | None, planned: Plan,
@@ -139,7 +184,7 @@ def _reuse_contexts(store: ArtifactStore, remote: Remote | None, planned: Plan,
 
 def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
              remote: Remote | None, planned: Plan, building: list[str],
-             contexts: dict[str, str]) -> BuildResult:
+             contexts: dict[str, str], env: Mapping[str, str]) -> BuildResult:
     started = time.time()
     sources = [src for name in building for src in planned.stage(name).sources]
     contexts.update({name: str(path) for name, path in
@@ -152,9 +197,10 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         workdir = scratch / "build"
         (workdir / "context").mkdir(parents=True)
         (workdir / "Dockerfile").write_text(run.dockerfile)
-        bake = bake_file(run, workdir=workdir, tag=tag, labels=labels(planned),
+        image_labels, epoch = image_metadata(settings, planned)
+        bake = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
                          platform=str(planned.manifest.image["platform"]), push=options.push,
-                         artifact_dirs=artifact_dirs)
+                         artifact_dirs=artifact_dirs, source_date_epoch=epoch)
         (workdir / "bake.json").write_text(json.dumps(bake, indent=2))
         progress = BuildProgress([s.name for s in planned.stages], options.progress)
         for name in contexts:
@@ -165,7 +211,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                 "--progress", "rawjson", "--metadata-file", str(workdir / "metadata.json")]
         if options.builder:
             argv[3:3] = ["--builder", options.builder]
-        _run_bake(argv, progress, remote)
+        _run_bake(argv, progress, env)
         metadata = _read_json(workdir / "metadata.json")
         _keep_artifacts(store, planned, building, artifact_dirs, progress)
         for name in contexts:
@@ -176,8 +222,11 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         _save_last_build(settings, planned, building)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    # A stage this run had to build is "built" even when BuildKit's own layer cache served
+    # its steps; the others came from the artifact cache.
     results = tuple(
-        StageResult(name=s.name, key=s.key, state=progress.stages[s.name].state,
+        StageResult(name=s.name, key=s.key,
+                    state="built" if s.name in building else progress.stages[s.name].state,
                     seconds=round(progress.stages[s.name].seconds, 2))
         for s in planned.stages)
     result = BuildResult(target=planned.target, tag=tag, stages=results,
@@ -187,11 +236,10 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     return dataclasses.replace(result, report=report)
 
 
-def _run_bake(argv: list[str], progress: BuildProgress, remote: Remote | None) -> None:
+def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str]) -> None:
     other: list[str] = []
-    env = {**os.environ, **(remote.env if remote else {})}
     with progress, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env=env) as proc:
+                                    stderr=subprocess.PIPE, env={**os.environ, **env}) as proc:
         assert proc.stderr is not None
         try:
             for status in read_statuses(proc.stderr, other):

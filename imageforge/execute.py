@@ -87,7 +87,8 @@ def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
 
 
 def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], platform: str,
-              push: bool, artifact_dirs: Mapping[str, Path]) -> dict[str, Any]:
+              push: bool, artifact_dirs: Mapping[str, Path],
+              source_date_epoch: int | None = None) -> dict[str, Any]:
     """A docker-bake.json building the image and exporting every new artifact in one go."""
     common = {
         "context": str(workdir / "context"),
@@ -95,10 +96,16 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
         "contexts": dict(sorted(run.contexts.items())),
         "platforms": [platform],
     }
-    targets: dict[str, Any] = {
-        "image": {**common, "target": FINAL, "tags": [tag], "labels": dict(labels),
-                  "output": ["type=registry" if push else "type=docker"]},
-    }
+    image: dict[str, Any] = {**common, "target": FINAL, "tags": [tag], "labels": dict(labels),
+                             "output": ["type=registry" if push else "type=docker"]}
+    if source_date_epoch is not None:
+        # BuildKit stamps the image config with it: same lock, same config.
+        image["args"] = {"SOURCE_DATE_EPOCH": str(source_date_epoch)}
+    if push:
+        # Provenance of what a registry serves; it records build args, so secrets never
+        # travel as build args (BuildKit secrets only).
+        image["attest"] = ["type=provenance,mode=max"]
+    targets: dict[str, Any] = {"image": image}
     for stage, target in run.artifact_targets.items():
         targets[f"artifact-{stage}"] = {
             **common, "target": target,
@@ -119,7 +126,7 @@ def standalone_bake(plan: Plan, *, sources: Mapping[str, str], tag: str,
         contexts.update({src.name: sources[src.name] for src in stage.sources})
         target: dict[str, Any] = {
             "context": ".",
-            "dockerfile-inline": stage.recipe,
+            "dockerfile-inline": _hcl_literal(stage.recipe),
             "target": stage.name,
             "platforms": [str(plan.manifest.image["platform"])],
         }
@@ -130,6 +137,12 @@ def standalone_bake(plan: Plan, *, sources: Mapping[str, str], tag: str,
     final["tags"] = [tag]
     final["labels"] = dict(labels)
     return {"group": {"default": {"targets": [plan.target]}}, "target": targets}
+
+
+def _hcl_literal(text: str) -> str:
+    """Bake reads JSON files as HCL, where "${" and "%{" start templates; the Dockerfile's own
+    `${VAR}` must reach BuildKit unchanged."""
+    return text.replace("${", "$${").replace("%{", "%%{")
 
 
 def _referenced(block: str) -> list[str]:

@@ -49,12 +49,16 @@ class Lock:
     nccl_pin: Mapping[str, Any] | None = None
     # stage -> {"from", "to", "policy", "source"}: versions `lock --upgrade` moved.
     upgraded: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    # When these pins were first resolved: images built from this lock carry it as their
+    # creation time (SOURCE_DATE_EPOCH), so the same pins give the same image config.
+    source_date_epoch: int | None = None
 
     def to_json(self, manifest: Manifest) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "manifest": manifest.path.name,
             "manifest_digest": self.manifest_digest,
+            "source_date_epoch": self.source_date_epoch,
             "base": {"ref": manifest.image["base"], "digest": self.base_digest},
             "nccl_pytorch_pin": dict(self.nccl_pin) if self.nccl_pin else None,
             "upgraded": {k: dict(v) for k, v in sorted(self.upgraded.items())},
@@ -81,7 +85,8 @@ def read(path: Path) -> Lock | None:
             raise ValueError(f"format {data.get('format')!r}")
         lock = Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
                     sources=data["stages"], nccl_pin=data.get("nccl_pytorch_pin"),
-                    upgraded=data.get("upgraded") or {})
+                    upgraded=data.get("upgraded") or {},
+                    source_date_epoch=data.get("source_date_epoch"))
         lock.versions()  # every upgrade names the version it moved to
         return lock
     except (ValueError, KeyError, TypeError) as exc:

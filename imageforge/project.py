@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -105,8 +107,22 @@ def write_lock(settings: Settings, *, upgrade: bool,
         previous = None
     new = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade,
                        only=stages)
+    changes = lock.diff(previous, new)
+    # Same pins, same creation time: only a moved pin gives images a new date.
+    kept = previous.source_date_epoch if previous and not changes else None
+    new = dataclasses.replace(new, source_date_epoch=kept or int(time.time()))
     lock.write(path, new, loaded)
-    return path, lock.diff(previous, new)
+    return path, changes
+
+
+def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
+    """The lock when it matches the effective manifest, and the sha256 of its file."""
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    path = lock.lock_path(settings.manifest)
+    found = lock.read(path)
+    if found is None or found.manifest_digest != loaded.digest():
+        return None
+    return found, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def check_lock(settings: Settings) -> Path:

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -89,7 +89,7 @@ def session(repository: str | None, environ: Mapping[str, str] | None = None
 
 
 @contextmanager
-def credentials(host: str, environ: Mapping[str, str] | None = None
+def credentials(hosts: str | Sequence[str], environ: Mapping[str, str] | None = None
                 ) -> Iterator[dict[str, str]]:
     """Environment for docker calls that talk to `host`: a private DOCKER_CONFIG holding
     IMAGEFORGE_REGISTRY_USER/PASSWORD when they are set, else nothing (the user's own
@@ -103,11 +103,12 @@ def credentials(host: str, environ: Mapping[str, str] | None = None
     with tempfile.TemporaryDirectory(prefix="imageforge-docker-") as tmp:
         config = Path(tmp)
         os.chmod(config, 0o700)
-        _write_config(config, host, user, password)
+        _write_config(config, [hosts] if isinstance(hosts, str) else list(hosts), user,
+                      password)
         yield {"DOCKER_CONFIG": str(config)}
 
 
-def _write_config(config: Path, host: str, user: str, password: str) -> None:
+def _write_config(config: Path, hosts: Sequence[str], user: str, password: str) -> None:
     """Our own docker config: the user's (for builders and other registries) plus these
     credentials for `host`."""
     home = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
@@ -119,11 +120,12 @@ def _write_config(config: Path, host: str, user: str, password: str) -> None:
             data = {}
     auths = dict(data.get("auths") or {})  # type: ignore[call-overload]
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    auths[host] = {"auth": token}
-    data["auths"] = auths
-    # A credential helper for this host would take precedence over our entry.
     helpers = dict(data.get("credHelpers") or {})  # type: ignore[call-overload]
-    helpers.pop(host, None)
+    for host in hosts:
+        auths[host] = {"auth": token}
+        # A credential helper for this host would take precedence over our entry.
+        helpers.pop(host, None)
+    data["auths"] = auths
     data["credHelpers"] = helpers
     data.pop("credsStore", None)
     path = config / "config.json"

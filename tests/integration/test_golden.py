@@ -1,0 +1,107 @@
+"""Golden images end to end: pushing with provenance keeps every secret out of the registry;
+the nightly builds, tests, pushes and promotes, then finds itself up to date."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import secrets
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import requests
+
+from tests.integration.conftest import REGISTRY_PASSWORD, REGISTRY_USER, invoke, registry_env
+
+RUN = uuid.uuid4().hex[:8]
+ACCEPT = ", ".join([
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+])
+
+
+def registry_blobs(registry: str, name: str, reference: str) -> dict[str, bytes]:
+    """Every manifest, config, layer and attestation reachable from name:reference, by
+    digest (layers decompressed)."""
+    auth = (REGISTRY_USER, REGISTRY_PASSWORD)
+    base = f"http://{registry}/v2/{name}"
+    found: dict[str, bytes] = {}
+    pending = [reference]
+    while pending:
+        ref = pending.pop()
+        response = requests.get(f"{base}/manifests/{ref}", headers={"Accept": ACCEPT},
+                                auth=auth, timeout=30)
+        response.raise_for_status()
+        found[f"manifest {ref}"] = response.content
+        manifest = response.json()
+        pending += [m["digest"] for m in manifest.get("manifests", [])]
+        for blob in [manifest.get("config"), *manifest.get("layers", [])]:
+            if not blob:
+                continue
+            data = requests.get(f"{base}/blobs/{blob['digest']}", auth=auth, timeout=60).content
+            found[blob["digest"]] = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+    return found
+
+
+def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
+        sample_manifest: Path, registry: str, cache_dir: Path, tmp_path: Path) -> None:
+    token = "mirror-token-" + secrets.token_hex(8)
+    env = {**registry_env(), "IMAGEFORGE_MIRROR_TOKEN": token}
+    tag = f"{registry}/secrets/efa-nccl:{RUN}"
+    result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
+                    "--push", "--tag", tag, "--remote", f"{registry}/cache-secrets-{RUN}",
+                    "--progress", "plain", cache=cache_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    pushed = registry_blobs(registry, "secrets/efa-nccl", RUN)
+    artifact_key = json.loads(invoke("plan", "--target", "efa-nccl", "--manifest",
+                                     str(sample_manifest), "--json",
+                                     cache=cache_dir).stdout)["stages"][-1]["key"]
+    pushed.update(registry_blobs(registry, f"cache-secrets-{RUN}/efa-nccl", artifact_key[7:]))
+    attestations = [m for m in pushed.values() if b"in-toto" in m or b"slsa" in m]
+    assert attestations, "the pushed image carries provenance"
+    config = next(v for v in pushed.values() if b'"io.imageforge.target"' in v)
+    assert b'"io.imageforge.revision"' in config and b"org.opencontainers.image.created" in config
+    for secret in (REGISTRY_PASSWORD, token):
+        for where, data in pushed.items():
+            assert secret.encode() not in data, f"{secret[:6]}... found in {where}"
+        assert secret not in result.stdout + result.stderr
+        for path in cache_dir.rglob("*"):
+            if path.is_file() and path.stat().st_size < 50_000_000:
+                assert secret.encode() not in path.read_bytes(), f"{secret[:6]}... in {path}"
+
+
+def test_nightly_builds_tests_pushes_promotes_then_is_up_to_date(
+        sample_manifest: Path, registry: str, cache_dir: Path, tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    args = ["nightly", "--manifest", str(sample_manifest), "--target", "efa-nccl", "--push",
+            "--repository", f"{registry}/golden-{RUN}", "--report", str(reports)]
+    first = invoke(*args, cache=cache_dir, env=registry_env())
+    assert first.returncode == 0, first.stdout + first.stderr
+    report = json.loads((reports / "nightly.json").read_text())
+    assert report["status"] == "ok"
+    assert [s["name"] for s in report["steps"]] == ["lock --upgrade", "build", "test-image",
+                                                    "size budget", "push", "promote"]
+    golden = requests.get(f"http://{registry}/v2/golden-{RUN}/sample-smddp/manifests/golden",
+                          headers={"Accept": ACCEPT}, auth=(REGISTRY_USER, REGISTRY_PASSWORD),
+                          timeout=30)
+    assert golden.status_code == 200
+    assert golden.headers["Docker-Content-Digest"] == report["image"]["digest"]
+    suite = ET.fromstring((reports / "nightly.xml").read_text())
+    assert suite.get("failures") == "0"
+    assert "| promote | ✅ ok |" in (reports / "nightly.md").read_text()
+    second = invoke(*args, cache=cache_dir, env=registry_env())
+    assert second.returncode == 0, second.stderr
+    assert "up to date" in second.stdout
+    again = json.loads((reports / "nightly.json").read_text())
+    assert [s["status"] for s in again["steps"] if s["name"] == "build"] == ["skipped"]
+
+
+def test_promote_refuses_a_digest_that_never_passed_test_image(registry: str,
+                                                               cache_dir: Path) -> None:
+    result = invoke("promote", "--image", f"{registry}/golden/x@sha256:{'0' * 64}", "--tag",
+                    "golden", cache=cache_dir, env=registry_env())
+    assert result.returncode == 10
+    assert "no passing `invoke test-image` record" in result.stderr
