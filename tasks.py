@@ -6,6 +6,7 @@ and an exit code (imageforge/errors.py lists them).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json as jsonlib
 import os
@@ -143,6 +144,8 @@ def render(c: Context, target: str = "smddp", manifest: str | None = None,
           "dry_run": "print the buildx command and Dockerfile, build nothing",
           "locked": "refuse a missing or stale lock file (what CI and nightly use)",
           "remote": REMOTE_HELP, "mirror": MIRROR_HELP,
+          "layer_cache": "also keep BuildKit's layer cache per stage in this directory or "
+                         "registry repository (default imageforge.layer_cache)",
           "summary": "also write a Markdown summary here ($GITHUB_STEP_SUMMARY is appended to "
                      "when set)",
           "test": "run test-image on a built image target (default; --no-test skips it); "
@@ -154,7 +157,8 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
           set: list[str] | None = None, push: bool = False, tag: str | None = None,
           builder: str | None = None, progress: str = "auto", dry_run: bool = False,
           locked: bool = False, remote: str | None = None, test: bool = True,
-          mirror: str | None = None, summary: str | None = None) -> None:
+          mirror: str | None = None, summary: str | None = None,
+          layer_cache: str | None = None) -> None:
     """Build a target with BuildKit: every stage it needs, in one parallel build; then run
     the image's checks (test-image)."""
     from imageforge.build import BuildOptions, markdown_summary
@@ -166,6 +170,8 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
     options = BuildOptions(target=target, tag=tag, push=push, builder=builder,
                            progress=progress, dry_run=dry_run)  # type: ignore[arg-type]
     s = settings(c, manifest, set, locked=locked, remote=remote, mirror=mirror)
+    s = dataclasses.replace(s, layer_cache=layer_cache or c.config.get("imageforge", {}).get(
+        "layer_cache") or None)
     result = run_build(s, options)
     if result is None:
         return
@@ -410,7 +416,8 @@ mirror = Collection("mirror", mirror_sync)
 ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
                promote, cache, mirror)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
-                             "remote": "", "rewrite": "", "repository": "", "webhook": ""}})
+                             "remote": "", "rewrite": "", "repository": "", "webhook": "",
+                             "layer_cache": ""}})
 
 
 @task(help={"repeats": "no-op rebuilds per tool, median reported (cold and one-pin builds "

@@ -26,7 +26,7 @@ from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker_binary
 from imageforge.docker import ensure_ready
 from imageforge.errors import BuildError, CacheError, Interrupted, LockError
-from imageforge.execute import Run, bake_file, make_run, reused, to_build
+from imageforge.execute import LayerCache, Run, bake_file, make_run, reused, to_build
 from imageforge.keylock import locked_all
 from imageforge.plan import Plan
 from imageforge.progress import BuildProgress, Mode, read_statuses
@@ -198,9 +198,13 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         (workdir / "context").mkdir(parents=True)
         (workdir / "Dockerfile").write_text(run.dockerfile)
         image_labels, epoch = image_metadata(settings, planned)
+        layers = LayerCache(location=_absolute_if_local(settings.layer_cache),
+                            modes={n: STAGES[n].layer_cache for n in building}) \
+            if settings.layer_cache else None
         bake = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
                          platform=str(planned.manifest.image["platform"]), push=options.push,
-                         artifact_dirs=artifact_dirs, source_date_epoch=epoch)
+                         artifact_dirs=artifact_dirs, source_date_epoch=epoch,
+                         layer_cache=layers)
         (workdir / "bake.json").write_text(json.dumps(bake, indent=2))
         progress = BuildProgress([s.name for s in planned.stages], options.progress)
         for name in contexts:
@@ -234,6 +238,12 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                          image_digest=metadata.get("image", {}).get("containerimage.digest"))
     report = write_report(settings.cache_dir, planned, result)
     return dataclasses.replace(result, report=report)
+
+
+def _absolute_if_local(location: str) -> str:
+    path = Path(location)
+    return str(path.resolve()) if path.exists() or location.startswith((".", "/")) or \
+        "/" not in location else location
 
 
 def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str]) -> None:
@@ -350,10 +360,14 @@ def _print_dry_run(settings: project.Settings, planned: Plan, options: BuildOpti
         contexts[name] = f"<{planned.stage(name).status} artifact {planned.stage(name).key[:19]}>"
     run: Run = make_run(planned, STAGES, building, contexts)
     workdir = settings.cache_dir.resolve() / "build" / planned.target
+    layers = LayerCache(location=_absolute_if_local(settings.layer_cache),
+                        modes={n: STAGES[n].layer_cache for n in building}) \
+        if settings.layer_cache else None
     bake = bake_file(run, workdir=workdir, tag=options.tag or default_tag(planned),
                      labels=labels(planned), platform=str(planned.manifest.image["platform"]),
                      push=options.push,
-                     artifact_dirs={n: workdir / "artifacts" / n for n in building})
+                     artifact_dirs={n: workdir / "artifacts" / n for n in building},
+                     layer_cache=layers)
     print("+ " + shlex.join([docker_binary(), "buildx", "bake", "-f",
                              str(workdir / "bake.json"), "--progress", "rawjson"]))
     print(f"# stages to build: {', '.join(building) or 'none'}")

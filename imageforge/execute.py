@@ -86,16 +86,48 @@ def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
     return Run(dockerfile=text, contexts=dict(contexts), artifact_targets=artifact_targets)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerCache:
+    """BuildKit's own layer cache, per stage, in a directory or a registry repository."""
+
+    location: str
+    modes: Mapping[str, str]   # stage -> "min" | "max"
+
+    def _local(self) -> bool:
+        return not _looks_like_registry(self.location)
+
+    def cache_to(self, stage: str) -> str:
+        mode = self.modes.get(stage, "min")
+        if self._local():
+            return f"type=local,dest={Path(self.location) / stage},mode={mode}"
+        return f"type=registry,ref={self.location}/{stage}:buildcache,mode={mode}"
+
+    def cache_from(self) -> list[str]:
+        if self._local():
+            return [f"type=local,src={d}" for d in sorted(Path(self.location).glob("*"))
+                    if (d / "index.json").exists()]
+        return [f"type=registry,ref={self.location}/{s}:buildcache" for s in sorted(self.modes)]
+
+
+def _looks_like_registry(location: str) -> bool:
+    first = location.split("/", 1)[0]
+    return "/" in location and not location.startswith(("/", ".")) and (
+        "." in first or ":" in first or first == "localhost")
+
+
 def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], platform: str,
               push: bool, artifact_dirs: Mapping[str, Path],
-              source_date_epoch: int | None = None) -> dict[str, Any]:
+              source_date_epoch: int | None = None,
+              layer_cache: LayerCache | None = None) -> dict[str, Any]:
     """A docker-bake.json building the image and exporting every new artifact in one go."""
-    common = {
+    common: dict[str, Any] = {
         "context": str(workdir / "context"),
         "dockerfile": str(workdir / "Dockerfile"),
         "contexts": dict(sorted(run.contexts.items())),
         "platforms": [platform],
     }
+    if layer_cache is not None and layer_cache.cache_from():
+        common["cache-from"] = layer_cache.cache_from()
     image: dict[str, Any] = {**common, "target": FINAL, "tags": [tag], "labels": dict(labels),
                              "output": ["type=registry" if push else "type=docker"]}
     if source_date_epoch is not None:
@@ -111,6 +143,12 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
             **common, "target": target,
             "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false"],
         }
+        if layer_cache is not None:
+            # The stage itself (not its artifact), so the mode applies to its own steps.
+            targets[f"layer-cache-{stage}"] = {
+                **common, "target": stage, "output": ["type=cacheonly"],
+                "cache-to": [layer_cache.cache_to(stage)],
+            }
     return {"group": {"default": {"targets": list(targets)}}, "target": targets}
 
 

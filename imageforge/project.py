@@ -35,6 +35,8 @@ class Settings:
     locked: bool = False
     # Registry repository of the shared artifact cache, e.g. "127.0.0.1:5000/imageforge-cache".
     remote: str | None = None
+    # BuildKit layer cache per stage: a directory, or a registry repository.
+    layer_cache: str | None = None
     # URL prefix replacements applied to every source before it is fetched (invoke config).
     rewrites: tuple[mirror_mod.Rewrite, ...] = ()
     # A mirror made by `mirror.sync` (directory or URL): the only place sources come from.

@@ -84,6 +84,9 @@ class Stage:
     env: Callable[[Context], Mapping[str, str]] = lambda ctx: {}
     # True for stages that are whole images (efa-nccl, smddp): they get the image env.
     image: bool = False
+    # BuildKit layer cache export for this stage (with --layer-cache): "max" keeps every
+    # intermediate layer (worth it before a long compile), "min" only the result.
+    layer_cache: Literal["min", "max"] = "min"
     # Smoke checks run by `invoke test-image` in any image that contains this stage.
     checks: Callable[[Context], Sequence[Check]] = lambda ctx: ()
 
