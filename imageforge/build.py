@@ -23,7 +23,7 @@ from typing import Any
 from imageforge import project
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
-from imageforge.cmd import docker_binary
+from imageforge.cmd import docker, docker_binary
 from imageforge.docker import ensure_ready
 from imageforge.errors import BuildError, CacheError, Interrupted, LockError
 from imageforge.execute import LayerCache, Run, bake_file, make_run, reused, to_build
@@ -211,10 +211,9 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
             if name in progress.stages:
                 progress.preset(name, "remote" if planned.stage(name).status == "remote"
                                 else "cached")
-        argv = [docker_binary(), "buildx", "bake", "-f", str(workdir / "bake.json"),
-                "--progress", "rawjson", "--metadata-file", str(workdir / "metadata.json")]
-        if options.builder:
-            argv[3:3] = ["--builder", options.builder]
+        argv = [docker_binary(), *builder_args(options.builder), "bake", "-f",
+                str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
+                str(workdir / "metadata.json")]
         _run_bake(argv, progress, env)
         metadata = _read_json(workdir / "metadata.json")
         _keep_artifacts(store, planned, building, artifact_dirs, progress)
@@ -238,6 +237,16 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                          image_digest=metadata.get("image", {}).get("containerimage.digest"))
     report = write_report(settings.cache_dir, planned, result)
     return dataclasses.replace(result, report=report)
+
+
+def builder_args(builder: str | None) -> list[str]:
+    """`buildx` with the builder chosen: a Docker engine's own builder is reached through its
+    docker context (buildx refuses `--builder` for those), any other with --builder."""
+    if not builder:
+        return ["buildx"]
+    if docker("context", "inspect", builder).returncode == 0:
+        return ["--context", builder, "buildx"]
+    return ["buildx", "--builder", builder]
 
 
 def _absolute_if_local(location: str) -> str:

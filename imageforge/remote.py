@@ -132,9 +132,11 @@ def _write_config(config: Path, hosts: Sequence[str], user: str, password: str) 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle)
-    if (home / "buildx").exists():
-        # Keep the user's buildx builders visible under our config.
-        (config / "buildx").symlink_to(home / "buildx")
+    # Keep the user's builders, contexts and CLI plugins (buildx itself may live there)
+    # visible under our config.
+    for name in ("buildx", "contexts", "cli-plugins"):
+        if (home / name).exists():
+            (config / name).symlink_to(home / name)
 
 
 def warn_unavailable(remote: Remote, why: str) -> None:
