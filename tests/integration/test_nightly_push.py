@@ -55,6 +55,10 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
                     "--push", "--tag", tag, "--remote", f"{registry}/cache-secrets-{RUN}",
                     "--progress", "plain", cache=cache_dir, env=env)
     assert result.returncode == 0, result.stderr
+    # The stage artifacts too (those this run reused from the local cache are pushed here).
+    shared = invoke("cache.push", "--target", "efa-nccl", "--manifest", str(sample_manifest),
+                    "--remote", f"{registry}/cache-secrets-{RUN}", cache=cache_dir, env=env)
+    assert shared.returncode == 0 and "pushed" in shared.stdout, shared.stderr
     pushed = registry_blobs(registry, "secrets/efa-nccl", RUN)
     artifact_key = json.loads(invoke("plan", "--target", "efa-nccl", "--manifest",
                                      str(sample_manifest), "--json",
@@ -67,7 +71,7 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
     for secret in (REGISTRY_PASSWORD, token):
         for where, data in pushed.items():
             assert secret.encode() not in data, f"{secret[:6]}... found in {where}"
-        assert secret not in result.stdout + result.stderr
+        assert secret not in result.stdout + result.stderr + shared.stdout + shared.stderr
         for path in cache_dir.rglob("*"):
             if path.is_file() and path.stat().st_size < 50_000_000:
                 assert secret.encode() not in path.read_bytes(), f"{secret[:6]}... in {path}"
