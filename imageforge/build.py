@@ -198,13 +198,14 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         (workdir / "context").mkdir(parents=True)
         (workdir / "Dockerfile").write_text(run.dockerfile)
         image_labels, epoch = image_metadata(settings, planned)
+        generator = ensure_sbom_generator() if options.push else None
         layers = LayerCache(location=_absolute_if_local(settings.layer_cache),
                             modes={n: STAGES[n].layer_cache for n in building}) \
             if settings.layer_cache else None
         bake = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
                          platform=str(planned.manifest.image["platform"]), push=options.push,
                          artifact_dirs=artifact_dirs, source_date_epoch=epoch,
-                         layer_cache=layers)
+                         layer_cache=layers, sbom_generator=generator)
         (workdir / "bake.json").write_text(json.dumps(bake, indent=2))
         progress = BuildProgress([s.name for s in planned.stages], options.progress)
         for name in contexts:
@@ -237,6 +238,23 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                          image_digest=metadata.get("image", {}).get("containerimage.digest"))
     report = write_report(settings.cache_dir, planned, result)
     return dataclasses.replace(result, report=report)
+
+
+SBOM_GENERATOR = "imageforge/sbom-scanner:1"
+
+
+def ensure_sbom_generator() -> str:
+    """The SBOM generator image BuildKit runs for pushed images: ours (sbom/, offline: it
+    lists Debian packages and Python distributions as SPDX), built locally when absent."""
+    if docker("image", "inspect", SBOM_GENERATOR).returncode != 0:
+        context = Path(__file__).resolve().parents[1] / "sbom"
+        result = docker("buildx", "build", "--load", "--tag", SBOM_GENERATOR, str(context),
+                        timeout=600)
+        if result.returncode != 0:
+            last = result.stderr.decode(errors="replace").strip().splitlines()[-1:]
+            raise BuildError(f"could not build the SBOM generator image {SBOM_GENERATOR}: "
+                             f"{' '.join(last)}")
+    return SBOM_GENERATOR
 
 
 def builder_args(builder: str | None) -> list[str]:

@@ -118,7 +118,8 @@ def _looks_like_registry(location: str) -> bool:
 def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], platform: str,
               push: bool, artifact_dirs: Mapping[str, Path],
               source_date_epoch: int | None = None,
-              layer_cache: LayerCache | None = None) -> dict[str, Any]:
+              layer_cache: LayerCache | None = None,
+              sbom_generator: str | None = None) -> dict[str, Any]:
     """A docker-bake.json building the image and exporting every new artifact in one go."""
     common: dict[str, Any] = {
         "context": str(workdir / "context"),
@@ -137,6 +138,8 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
         # Provenance of what a registry serves; it records build args, so secrets never
         # travel as build args (BuildKit secrets only).
         image["attest"] = ["type=provenance,mode=max"]
+        if sbom_generator:
+            image["attest"].append(f"type=sbom,generator={sbom_generator}")
     targets: dict[str, Any] = {"image": image}
     for stage, target in run.artifact_targets.items():
         targets[f"artifact-{stage}"] = {
