@@ -152,5 +152,7 @@ STAGE = Stage(
     },
     sources=sources,
     recipe=recipe,
+    # Its build dependencies take minutes to install before the compile even starts.
+    layer_cache="max",
     checks=checks,
 )
