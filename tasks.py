@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json as jsonlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,11 +38,18 @@ MIRROR_HELP = ("fetch only from this mirror (a directory or URL made by mirror.s
 
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def boundary(func: F) -> F:
     """The one place user errors become a message and an exit code, never a traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # CI cancels jobs with SIGTERM: unwind like Ctrl-C, so downloads, builds and cache
+        # writes clean up after themselves instead of dying mid-write.
+        signal.signal(signal.SIGTERM, _terminate)
         try:
             return func(*args, **kwargs)
         except FatalError as exc:
