@@ -122,6 +122,10 @@ class _Locator:
         if dotted in self.overrides:
             return f"--set {self.overrides[dotted]} (over {self.path})"
         line = self._line(dotted)
+        made_by = [o for k, o in self.overrides.items() if k.startswith(dotted + ".")]
+        if line is None and made_by:
+            # A table the file does not have, created by an override.
+            return f"--set {made_by[0]} (over {self.path}): {dotted}"
         return f"{self.path}: {dotted}" + (f" (line {line})" if line else "")
 
     def _line(self, dotted: str) -> int | None:

@@ -60,12 +60,12 @@ def test_signal_during_download_leaves_nothing_and_the_next_run_succeeds(
         time.sleep(0.05)
     time.sleep(0.5)
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert files(cache) == [], "nothing half-written stays in the cache"
     server.route("/efa.tar.gz", BODY)
     again = fetch(path, cache)
-    out, err = again.communicate(timeout=60)
+    _, err = again.communicate(timeout=60)
     assert again.returncode == 0, err
     assert any(f.endswith("efa.tar.gz") for f in files(cache))
