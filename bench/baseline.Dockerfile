@@ -20,8 +20,9 @@ RUN python3 -m venv --system-site-packages /opt/conda \
     && /opt/conda/bin/python -c 'import sys; v = "%d.%d" % sys.version_info[:2]; assert v == "3.11", v'
 
 # ---- nccl ----
-RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw \
-    cd /tmp/nccl \
+RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=imageforge-ccache,target=/root/.ccache \
+    export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
+    && cd /tmp/nccl \
     && make -j"$(nproc)" src.build CUDA_HOME=/usr/local/cuda 'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 -gencode=arch=compute_80,code=sm_80' BUILDDIR=/tmp/nccl-build \
     && make pkg.txz.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
     && mkdir -p /out/opt/conda \
@@ -30,8 +31,9 @@ RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw \
     && cp -a /out/. / && rm -rf /out
 
 # ---- pytorch ----
-RUN --mount=type=bind,from=src-pytorch,target=/tmp/pytorch,rw \
-    cd /tmp/pytorch \
+RUN --mount=type=bind,from=src-pytorch,target=/tmp/pytorch,rw --mount=type=cache,id=imageforge-ccache,target=/root/.ccache \
+    export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
+    && cd /tmp/pytorch \
     && env USE_SYSTEM_NCCL=1 NCCL_ROOT=/opt/conda NCCL_INCLUDE_DIR=/opt/conda/include NCCL_LIB_DIR=/opt/conda/lib 'TORCH_CUDA_ARCH_LIST=3.7 5.0 7.0+PTX 8.0' 'TORCH_NVCC_FLAGS=-Xfatbin -compress-all' CMAKE_PREFIX_PATH=/opt/conda CUDA_HOME=/usr/local/cuda MAX_JOBS=2 /opt/conda/bin/python setup.py install --root=/out \
     && cp -a /out/. / && rm -rf /out
 
