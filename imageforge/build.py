@@ -27,6 +27,7 @@ from imageforge.cmd import docker, docker_binary
 from imageforge.docker import ensure_ready
 from imageforge.errors import BuildError, CacheError, Interrupted, LockError
 from imageforge.execute import LayerCache, Run, bake_file, make_run, reused, to_build
+from imageforge.jsonfile import read_object
 from imageforge.keylock import locked_all
 from imageforge.plan import Plan
 from imageforge.progress import BuildProgress, Mode, read_statuses
@@ -72,12 +73,6 @@ class BuildResult:
 def default_tag(planned: Plan) -> str:
     name = planned.manifest.image.get("name") or planned.target
     return f"imageforge/{name}:{planned.target}-{planned.key[7:19]}"
-
-
-def registry_host(ref: str) -> str | None:
-    """The registry an image reference names, if it names one."""
-    first = ref.split("/", 1)[0]
-    return first if "/" in ref and ("." in first or ":" in first or first == "localhost") else None
 
 
 def project_revision() -> str:
@@ -128,8 +123,9 @@ def build(settings: project.Settings, options: BuildOptions) -> BuildResult | No
     store = project.artifact_store(settings)
     hosts = [remote_mod.check_repository(settings.remote).split("/", 1)[0]] \
         if settings.remote else []
-    if options.push and options.tag and registry_host(options.tag):
-        hosts.append(str(registry_host(options.tag)))
+    push_host = remote_mod.registry_host(options.tag) if options.push and options.tag else None
+    if push_host:
+        hosts.append(push_host)
     with remote_mod.credentials(hosts) as env:
         remote = Remote(repository=settings.remote, env=env) if settings.remote else None
         return _build(settings, options, store, remote, env)
@@ -216,7 +212,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                 str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
                 str(workdir / "metadata.json")]
         _run_bake(argv, progress, env)
-        metadata = _read_json(workdir / "metadata.json")
+        metadata = read_object(workdir / "metadata.json") or {}
         _keep_artifacts(store, planned, building, artifact_dirs, progress)
         for name in contexts:
             if name in progress.stages and planned.stage(name).status == "cached":
@@ -410,14 +406,6 @@ def _planned_path(cache: SourceCache, source: Source) -> Path:
         return cache.path_for(source)
     except LockError:
         return Path(f"<unlocked: run invoke lock>/{source.name}")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text() or "{}")
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:

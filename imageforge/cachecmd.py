@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from imageforge import project
@@ -13,6 +12,7 @@ from imageforge import remote as remote_mod
 from imageforge.build import pull_entries, push_entries
 from imageforge.errors import CacheError
 from imageforge.execute import to_build
+from imageforge.jsonfile import read_object
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.I)
@@ -113,7 +113,7 @@ def explain(settings: project.Settings, target: str) -> str:
     lines = []
     for name in building:
         stage = planned.stage(name)
-        last = _read(last_dir / f"{name}.json")
+        last = read_object(last_dir / f"{name}.json")
         if last is None:
             lines.append(f"{name}: never built with this cache")
             continue
@@ -136,11 +136,3 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def _show(value: Any) -> str:
     return "(unset)" if value is None else str(value)
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

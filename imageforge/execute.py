@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.plan import Plan, PlannedStage
+from imageforge.remote import registry_host
 from imageforge.render import render_dockerfile
 from imageforge.stage import Stage
 
@@ -94,7 +95,7 @@ class LayerCache:
     modes: Mapping[str, str]   # stage -> "min" | "max"
 
     def _local(self) -> bool:
-        return not _looks_like_registry(self.location)
+        return self.location.startswith(("/", ".")) or registry_host(self.location) is None
 
     def cache_to(self, stage: str) -> str:
         mode = self.modes.get(stage, "min")
@@ -107,12 +108,6 @@ class LayerCache:
             return [f"type=local,src={d}" for d in sorted(Path(self.location).glob("*"))
                     if (d / "index.json").exists()]
         return [f"type=registry,ref={self.location}/{s}:buildcache" for s in sorted(self.modes)]
-
-
-def _looks_like_registry(location: str) -> bool:
-    first = location.split("/", 1)[0]
-    return "/" in location and not location.startswith(("/", ".")) and (
-        "." in first or ":" in first or first == "localhost")
 
 
 def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], platform: str,

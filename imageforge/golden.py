@@ -10,6 +10,7 @@ from pathlib import Path
 from imageforge.cmd import docker
 from imageforge.errors import FatalError, ImageCheckError
 from imageforge.plan import Plan
+from imageforge.remote import registry_host
 
 DEFAULT_TEMPLATES = {
     "smddp": "{name}:pt{pytorch}-cu{cuda_nodot}-py{python_nodot}-efa{efa}-{date}",
@@ -89,7 +90,7 @@ def promote(ref: str, tag: str, *, cache_dir: Path, env: dict[str, str] | None =
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", tag):
         raise FatalError(f"--tag {tag}: not a valid tag (letters, digits, . _ -).")
     target = f"{repository}:{tag}"
-    if _is_registry(repository):
+    if registry_host(repository):
         result = docker("buildx", "imagetools", "create", "--tag", target, ref, env=env)
     else:
         result = docker("tag", ref, target, env=env)
@@ -97,11 +98,6 @@ def promote(ref: str, tag: str, *, cache_dir: Path, env: dict[str, str] | None =
         raise FatalError(f"could not tag {ref} as {target}: "
                          f"{result.stderr.decode(errors='replace').strip().splitlines()[-1:]}")
     return target
-
-
-def _is_registry(repository: str) -> bool:
-    first = repository.split("/", 1)[0]
-    return "/" in repository and ("." in first or ":" in first or first == "localhost")
 
 
 def image_size(ref: str) -> int:

@@ -28,6 +28,7 @@ from imageforge.build import BuildOptions, build
 from imageforge.cmd import docker
 from imageforge.download import redact
 from imageforge.errors import FatalError
+from imageforge.jsonfile import read_object
 from imageforge.plan import defined_targets
 from stages import STAGES
 
@@ -103,7 +104,7 @@ def _run(settings: project.Settings, options: NightlyOptions, report: Nightly) -
     planned = project.plan(locked, report.target)
     state_path = _state_path(settings, planned.manifest.image.get("name") or report.target,
                              options.channel)
-    last = _read_json(state_path)
+    last = read_object(state_path)
     if not report.lock_changes and last and last.get("key") == planned.key:
         report.status = "up to date"
         report.image = {"tag": last.get("ref"), "digest": last.get("digest"),
@@ -181,14 +182,6 @@ def _push(tag: str, env: dict[str, str] | None) -> None:
 
 def _state_path(settings: project.Settings, name: str, channel: str) -> Path:
     return settings.cache_dir / "golden" / f"{name}-{channel}.json"
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

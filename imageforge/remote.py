@@ -29,6 +29,13 @@ _UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "connection
                 "dial tcp", "server misbehaving", "eof", "503", "502", "500 internal")
 
 
+def registry_host(ref: str) -> str | None:
+    """The registry an image reference or repository names (its first path component when
+    that looks like a host: has a dot, a port, or is localhost), if it names one."""
+    first = ref.split("/", 1)[0]
+    return first if "/" in ref and ("." in first or ":" in first or first == "localhost") else None
+
+
 class RemoteUnavailable(Exception):
     """The registry did not answer; callers fall back to the local cache."""
 
