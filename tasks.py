@@ -447,3 +447,43 @@ def bench(c: Context, repeats: int = 3, out: str = "bench/results.json",
 
 
 ns.add_task(bench)
+
+
+@task(
+    name="run-local",
+    help={"image": "image to run, from the local Docker store (never pulled)",
+          "program": "training program, relative to --code (sets sagemaker_program)",
+          "code": "directory mounted read-only at /opt/ml/code (sets "
+                  "sagemaker_submit_directory)",
+          "hosts": "number of hosts (containers algo-1 .. algo-N; default 1)",
+          "hp": "hyperparameter KEY=VALUE; VALUE is read as JSON when it parses, else as a "
+                "string (repeatable)",
+          "channel": "input channel NAME=DIR, mounted read-only at /opt/ml/input/data/NAME "
+                     "(repeatable)",
+          "output": "new or empty directory for the job's files (default "
+                    "cache/run-local/<job>); the model lands in <output>/algo-N/model",
+          "timeout": "stop the job after this many seconds (default 3600)",
+          "json": "print a JSON report instead of the summary (logs go to stderr)"},
+    iterable=["hp", "channel"],
+    # Long flags only: an automatic -h for --hosts would read as --help.
+    auto_shortflags=False,
+)
+@boundary
+def run_local(c: Context, image: str | None = None, program: str | None = None,
+              code: str | None = None, hosts: int = 1, hp: list[str] | None = None,
+              channel: list[str] | None = None, output: str | None = None,
+              timeout: int = 3600, json: bool = False) -> None:
+    """Run an image as a SageMaker training job on this machine (one container per host,
+    the /opt/ml files SageMaker writes, a private network), to try it before paying for
+    instances; exit 11 when a host fails or the job runs out of time."""
+    from imageforge import runlocal
+
+    spec = runlocal.make_spec(image=image, output=output, hosts=hosts, program=program,
+                              code=code, hp=hp or [], channel=channel or [], timeout=timeout,
+                              cache_dir=settings(c, None, None).cache_dir)
+    result = runlocal.run(spec, log=sys.stderr if json else sys.stdout)
+    print(jsonlib.dumps(result.to_json(), indent=2) if json else runlocal.summary(result))
+    runlocal.require_success(result)
+
+
+ns.add_task(run_local)

@@ -66,6 +66,12 @@ class ImageCheckError(FatalError):
     return_code = 10
 
 
+class TrainingJobError(FatalError):
+    """A run-local training job failed: a host exited non-zero, or it ran out of time."""
+
+    return_code = 11
+
+
 class Interrupted(FatalError):
     """The user (or CI) stopped the run with SIGINT/SIGTERM."""
 
