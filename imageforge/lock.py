@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge import gitsource, upstream
+from imageforge import gitsource, tarcheck, upstream
 from imageforge.cmd import run
 from imageforge.compat import image_cuda
 from imageforge.dag import closure
@@ -255,6 +255,9 @@ def _hash_into_cache(source: UrlSource, cache: SourceCache) -> str:
     with tempfile.TemporaryDirectory(dir=cache.root) as tmp:
         file = Path(tmp) / source.filename
         digest = download(cache.locate_url(source.url), file, sha256=None)
+        # Checked here too, where the refusal can name the upstream URL, not this temp file.
+        if tarcheck.is_tarball(source.filename):
+            tarcheck.check(file, source=source.name, origin=redact(source.url))
         cache.materialize(dataclasses.replace(source, url=str(file), sha256=digest))
     return digest
 

@@ -36,6 +36,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from imageforge import tarcheck
 from imageforge.download import Progress as ProgressCallback
 from imageforge.download import download, redact
 from imageforge.errors import Interrupted, LockError, SourceError
@@ -319,6 +320,9 @@ def _fetch(source: Source, entry: Path, on_progress: ProgressCallback | None,
         if source.signature is not None:
             verify(source.signature, scratch / source.filename, origin=source.url,
                    session=session)
+        if tarcheck.is_tarball(source.filename):
+            tarcheck.check(scratch / source.filename, source=source.name,
+                           origin=redact(source.url))
         scratch.rename(entry)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)

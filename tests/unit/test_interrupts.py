@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.payloads import random_tarball
 from tests.servers import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[2]
-BODY = os.urandom(256 * 1024)
+BODY = random_tarball(256 * 1024)
 
 
 @pytest.fixture

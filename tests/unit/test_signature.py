@@ -17,10 +17,11 @@ from imageforge.errors import ManifestError, SourceError
 from imageforge.signature import Signature
 from imageforge.sources import SourceCache, UrlSource
 from sample.serve import ServerHandle
+from tests.payloads import random_tarball
 from tests.servers import ScriptedServer
 from tests.unit.conftest import sample_manifest
 
-INSTALLER = os.urandom(40_000)
+INSTALLER = random_tarball(40_000)
 OTHER_FINGERPRINT = "0123456789ABCDEF0123456789ABCDEF01234567"
 
 

@@ -14,10 +14,11 @@ import pytest
 
 from imageforge.errors import ChecksumError, LockError, SourceError
 from imageforge.sources import GitSource, Source, SourceCache, UrlSource
+from tests.payloads import random_tarball
 from tests.servers import ScriptedServer
 
-EFA = os.urandom(150_000)
-BOOST = os.urandom(90_000)
+EFA = random_tarball(150_000)
+BOOST = random_tarball(90_000)
 
 
 def sha(data: bytes) -> str:
