@@ -22,7 +22,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from imageforge import project
-from imageforge.errors import FatalError
+from imageforge.errors import FatalError, ManifestError
 from imageforge.mirror import parse_rewrites
 from imageforge.plan import Plan
 
@@ -111,10 +111,10 @@ def plan(c: Context, target: str = "smddp", manifest: str | None = None,
         print(jsonlib.dumps(planned.to_json(project.manifest_label(s.manifest)), indent=2))
         return
     print(f"target {planned.target}  manifest {project.manifest_label(s.manifest)}")
-    print(f"{'stage':<14} {'status':<7} {'version':<12} {'key':<19} deps")
+    print(f"{'stage':<18} {'status':<7} {'version':<12} {'key':<19} deps")
     for st in planned.stages:
         version = str(st.inputs.get("version") or "-")
-        print(f"{st.name:<14} {st.status:<7} {version:<12} {st.key[:19]} {','.join(st.deps)}")
+        print(f"{st.name:<18} {st.status:<7} {version:<12} {st.key[:19]} {','.join(st.deps)}")
 
 
 @task(
@@ -157,7 +157,12 @@ def render(c: Context, target: str = "smddp", manifest: str | None = None,
           "summary": "also write a Markdown summary here ($GITHUB_STEP_SUMMARY is appended to "
                      "when set)",
           "test": "run test-image on a built image target (default; --no-test skips it); "
-                  "a failed check exits 10 after the image is tagged"},
+                  "a failed check exits 10 after the image is tagged",
+          "ca_bundle": "CA bundle that steps downloading from PyPI trust (a TLS-intercepting "
+                       "proxy's; passed as a BuildKit secret). Default: SSL_CERT_FILE, "
+                       "REQUESTS_CA_BUNDLE or the system bundle; `none` turns it off",
+          "code": "directory of training code to add on top of the image (stage `code`)",
+          "program": "with --code: the script in it SageMaker runs, e.g. train.py"},
     iterable=["set"],
 )
 @boundary
@@ -166,18 +171,24 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
           builder: str | None = None, progress: str = "auto", dry_run: bool = False,
           locked: bool = False, remote: str | None = None, test: bool = True,
           mirror: str | None = None, summary: str | None = None,
-          layer_cache: str | None = None) -> None:
+          layer_cache: str | None = None, ca_bundle: str | None = None,
+          code: str | None = None, program: str | None = None) -> None:
     """Build a target with BuildKit: every stage it needs, in one parallel build; then run
     the image's checks (test-image)."""
+    from imageforge import cabundle
     from imageforge.build import BuildOptions, markdown_summary
     from imageforge.build import build as run_build
     from imageforge.build import summary as summary_table
 
     if progress not in ("auto", "plain", "json", "tty"):
         raise FatalError(f"--progress {progress}: use auto, plain or json.")
+    overrides, target = code_overrides(code, program, target)
+    bundle = cabundle.resolve(ca_bundle or c.config.get("imageforge", {}).get("ca_bundle") or None)
     options = BuildOptions(target=target, tag=tag, push=push, builder=builder,
-                           progress=progress, dry_run=dry_run)  # type: ignore[arg-type]
-    s = settings(c, manifest, set, locked=locked, remote=remote, mirror=mirror)
+                           progress=progress, dry_run=dry_run,  # type: ignore[arg-type]
+                           ca_bundle=bundle)
+    s = settings(c, manifest, [*(set or []), *overrides], locked=locked, remote=remote,
+                 mirror=mirror)
     s = dataclasses.replace(s, layer_cache=layer_cache or c.config.get("imageforge", {}).get(
         "layer_cache") or None)
     result = run_build(s, options)
@@ -196,6 +207,19 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
         return
     print()
     check_image(s, project.plan(s, target), result.tag)
+
+
+def code_overrides(code: str | None, program: str | None, target: str
+                   ) -> tuple[list[str], str]:
+    """`--code DIR --program FILE` as --set overrides of the code stage, which they make the
+    target when the target is the image the code goes on (smddp)."""
+    if code is None and program is None:
+        return [], target
+    if code is None or program is None:
+        raise ManifestError("--code and --program go together: --code names the directory of "
+                            "the training code, --program the script in it SageMaker runs.")
+    overrides = [f"stages.code.dir={Path(code).resolve()}", f"stages.code.program={program}"]
+    return overrides, "code" if target == "smddp" else target
 
 
 @task(
@@ -425,7 +449,7 @@ ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, expla
                promote, cache, mirror)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
                              "remote": "", "rewrite": "", "repository": "", "webhook": "",
-                             "layer_cache": ""}})
+                             "layer_cache": "", "ca_bundle": ""}})
 
 
 @task(help={"repeats": "no-op rebuilds per tool, median reported (cold and one-pin builds "

@@ -29,6 +29,8 @@ SEED_ORDER: tuple[tuple[str, str], ...] = (
     ("torchvision", "torchvision"),
     ("openssh", "smddp"),
     ("boost", "boost"),
+    # The seed pip-installs the SageMaker packages right before the SMDDP wheel.
+    ("sagemaker-training", "sagemaker-training"),
     ("smddp", "smddp"),
 )
 

@@ -20,11 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import project
+from imageforge import codedir, project
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary
 from imageforge.docker import ensure_ready
+from imageforge.dockerfile import CA_BUNDLE_SECRET
 from imageforge.errors import BuildError, CacheError, Interrupted, LockError
 from imageforge.execute import LayerCache, Run, bake_file, make_run, reused, to_build
 from imageforge.jsonfile import read_object
@@ -33,7 +34,6 @@ from imageforge.plan import Plan
 from imageforge.progress import BuildProgress, Mode, read_statuses
 from imageforge.remote import Remote
 from imageforge.sources import Source, SourceCache
-from stages import STAGES
 
 LABEL_PREFIX = "io.imageforge"
 
@@ -46,6 +46,8 @@ class BuildOptions:
     builder: str | None = None
     progress: Mode = "auto"
     dry_run: bool = False
+    # The CA bundle of a TLS-intercepting proxy, for build steps that download (a secret).
+    ca_bundle: Path | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,9 +187,13 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     sources = [src for name in building for src in planned.stage(name).sources]
     contexts.update({name: str(path) for name, path in
                      project.source_cache(settings).materialize_all(sources).items()})
+    for name in building:
+        for context, (path, digest) in planned.stage(name).local_dirs.items():
+            contexts[context] = str(codedir.snapshot(Path(path), digest,
+                                                     settings.cache_dir / "sources" / "code"))
     scratch = store.scratch()
     try:
-        run = make_run(planned, STAGES, building, contexts)
+        run = make_run(planned, planned.registry, building, contexts)
         artifact_dirs = {name: scratch / name for name in building}
         tag = options.tag or default_tag(planned)
         workdir = scratch / "build"
@@ -196,12 +202,13 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         image_labels, epoch = image_metadata(settings, planned)
         generator = ensure_sbom_generator() if options.push else None
         layers = LayerCache(location=_absolute_if_local(settings.layer_cache),
-                            modes={n: STAGES[n].layer_cache for n in building}) \
+                            modes={n: planned.registry[n].layer_cache for n in building}) \
             if settings.layer_cache else None
         bake = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
                          platform=str(planned.manifest.image["platform"]), push=options.push,
                          artifact_dirs=artifact_dirs, source_date_epoch=epoch,
-                         layer_cache=layers, sbom_generator=generator)
+                         layer_cache=layers, sbom_generator=generator,
+                         secrets=_secrets(options))
         (workdir / "bake.json").write_text(json.dumps(bake, indent=2))
         progress = BuildProgress([s.name for s in planned.stages], options.progress)
         for name in contexts:
@@ -234,6 +241,10 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                          image_digest=metadata.get("image", {}).get("containerimage.digest"))
     report = write_report(settings.cache_dir, planned, result)
     return dataclasses.replace(result, report=report)
+
+
+def _secrets(options: BuildOptions) -> dict[str, str]:
+    return {CA_BUNDLE_SECRET: str(options.ca_bundle)} if options.ca_bundle else {}
 
 
 SBOM_GENERATOR = "imageforge/sbom-scanner:1"
@@ -381,10 +392,10 @@ def _print_dry_run(settings: project.Settings, planned: Plan, options: BuildOpti
                 for name in building for src in planned.stage(name).sources}
     for name in reused(planned, building):
         contexts[name] = f"<{planned.stage(name).status} artifact {planned.stage(name).key[:19]}>"
-    run: Run = make_run(planned, STAGES, building, contexts)
+    run: Run = make_run(planned, planned.registry, building, contexts)
     workdir = settings.cache_dir.resolve() / "build" / planned.target
     layers = LayerCache(location=_absolute_if_local(settings.layer_cache),
-                        modes={n: STAGES[n].layer_cache for n in building}) \
+                        modes={n: planned.registry[n].layer_cache for n in building}) \
         if settings.layer_cache else None
     bake = bake_file(run, workdir=workdir, tag=options.tag or default_tag(planned),
                      labels=labels(planned), platform=str(planned.manifest.image["platform"]),
@@ -442,8 +453,8 @@ def markdown_summary(result: BuildResult) -> str:
 
 
 def summary(result: BuildResult) -> str:
-    lines = [f"{'stage':<14} {'result':<8} {'seconds':>8}"]
-    lines += [f"{s.name:<14} {s.state:<8} {s.seconds:>8.1f}" for s in result.stages]
+    lines = [f"{'stage':<18} {'result':<8} {'seconds':>8}"]
+    lines += [f"{s.name:<18} {s.state:<8} {s.seconds:>8.1f}" for s in result.stages]
     lines.append(f"image {result.tag}  ({result.seconds:.1f}s)")
     rebuilt = result.rebuilt
     lines.append(f"rebuilt: {', '.join(rebuilt)}" if rebuilt

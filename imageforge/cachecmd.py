@@ -55,8 +55,8 @@ def list_entries(settings: project.Settings, *, as_json: bool = False) -> str:
     if as_json:
         return json.dumps([e.meta() for e in entries], indent=2)
     now = time.time()
-    lines = [f"{'stage':<14} {'key':<19} {'size':>8} {'age':>6} {'used':>6} {'hits':>5}"]
-    lines += [f"{e.stage:<14} {e.key[:19]:<19} {human_size(e.size):>8} "
+    lines = [f"{'stage':<18} {'key':<19} {'size':>8} {'age':>6} {'used':>6} {'hits':>5}"]
+    lines += [f"{e.stage:<18} {e.key[:19]:<19} {human_size(e.size):>8} "
               f"{human_age(now - e.created):>6} {human_age(now - e.last_used):>6} {e.hits:>5}"
               for e in entries]
     lines.append(f"{len(entries)} artifacts, {human_size(store.size())} on disk in {store.root}")

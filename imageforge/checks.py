@@ -26,7 +26,6 @@ from imageforge.docker import ensure_ready, image_digest
 from imageforge.errors import DockerError, ImageCheckError
 from imageforge.plan import Plan
 from imageforge.stage import Check, Context, Needs, Stage
-from stages import STAGES
 
 Result = Literal["ok", "fail", "skipped"]
 NEEDS_HARDWARE = "needs hardware"
@@ -96,7 +95,7 @@ def image_checks(planned: Plan) -> list[PlannedCheck]:
     """Every check of the plan's stages, in build order, each stage's environment first."""
     found = []
     for planned_stage in planned.stages:
-        stage = STAGES[planned_stage.name]
+        stage = planned.registry[planned_stage.name]
         env = environment_check(stage, planned.context)
         checks = [*([env] if env else []), *stage.checks(planned.context)]
         found += [PlannedCheck(stage=stage.name, check=c) for c in checks]

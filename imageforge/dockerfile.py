@@ -31,6 +31,18 @@ CCACHE_MOUNT = f"type=cache,id=imageforge-ccache,target={CCACHE_DIR}"
 USE_CCACHE = f'export CCACHE_DIR={CCACHE_DIR} PATH="/usr/lib/ccache:$PATH"'
 
 
+CA_BUNDLE_SECRET = "ca-bundle"
+# The CA bundle of a TLS-intercepting proxy (`invoke build --ca-bundle`), for steps that
+# download: a BuildKit secret is mounted for one RUN only and never stored in a layer, and a
+# build without one renders the same text (so the same key).
+CA_BUNDLE_MOUNT = f"type=secret,id={CA_BUNDLE_SECRET},required=false"
+USE_CA_BUNDLE = (f"if [ -s /run/secrets/{CA_BUNDLE_SECRET} ]; then export "
+                 f"PIP_CERT=/run/secrets/{CA_BUNDLE_SECRET} "
+                 f"SSL_CERT_FILE=/run/secrets/{CA_BUNDLE_SECRET}; fi")
+# pip's downloads, kept on the build host between builds like ccache's results.
+PIP_CACHE_MOUNT = "type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked"
+
+
 def env_line(variables: Mapping[str, str]) -> str:
     """ENV with double-quoted values; values are validated upstream to hold no quotes,
     backslashes or newlines, and '$' only where the engine itself writes a reference."""

@@ -114,14 +114,18 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
               push: bool, artifact_dirs: Mapping[str, Path],
               source_date_epoch: int | None = None,
               layer_cache: LayerCache | None = None,
-              sbom_generator: str | None = None) -> dict[str, Any]:
-    """A docker-bake.json building the image and exporting every new artifact in one go."""
+              sbom_generator: str | None = None,
+              secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A docker-bake.json building the image and exporting every new artifact in one go.
+    `secrets` (id -> file) reach only the RUN steps that mount them, never a layer."""
     common: dict[str, Any] = {
         "context": str(workdir / "context"),
         "dockerfile": str(workdir / "Dockerfile"),
         "contexts": dict(sorted(run.contexts.items())),
         "platforms": [platform],
     }
+    if secrets:
+        common["secret"] = [f"id={key},src={path}" for key, path in sorted(secrets.items())]
     if layer_cache is not None and layer_cache.cache_from():
         common["cache-from"] = layer_cache.cache_from()
     image: dict[str, Any] = {**common, "target": FINAL, "tags": [tag], "labels": dict(labels),
@@ -160,6 +164,7 @@ def standalone_bake(plan: Plan, *, sources: Mapping[str, str], tag: str,
     for stage in plan.stages:
         contexts = {dep: f"target:{dep}" for dep in _referenced(stage.recipe)}
         contexts.update({src.name: sources[src.name] for src in stage.sources})
+        contexts.update({name: path for name, (path, _) in stage.local_dirs.items()})
         target: dict[str, Any] = {
             "context": ".",
             "dockerfile-inline": _hcl_literal(stage.recipe),

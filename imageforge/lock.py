@@ -52,6 +52,8 @@ class Lock:
     # When these pins were first resolved: images built from this lock carry it as their
     # creation time (SOURCE_DATE_EPOCH), so the same pins give the same image config.
     source_date_epoch: int | None = None
+    # image.extends: {"ref", "digest", "provides", "versions"} as its labels said.
+    extends: Mapping[str, Any] | None = None
 
     def to_json(self, manifest: Manifest) -> dict[str, Any]:
         return {
@@ -61,6 +63,7 @@ class Lock:
             "source_date_epoch": self.source_date_epoch,
             "base": {"ref": manifest.image["base"], "digest": self.base_digest},
             "nccl_pytorch_pin": dict(self.nccl_pin) if self.nccl_pin else None,
+            **({"extends": dict(self.extends)} if self.extends else {}),
             "upgraded": {k: dict(v) for k, v in sorted(self.upgraded.items())},
             "stages": {k: dict(v) for k, v in sorted(self.sources.items())},
         }
@@ -86,7 +89,8 @@ def read(path: Path) -> Lock | None:
         lock = Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
                     sources=data["stages"], nccl_pin=data.get("nccl_pytorch_pin"),
                     upgraded=data.get("upgraded") or {},
-                    source_date_epoch=data.get("source_date_epoch"))
+                    source_date_epoch=data.get("source_date_epoch"),
+                    extends=data.get("extends"))
         lock.versions()  # every upgrade names the version it moved to
         return lock
     except (ValueError, KeyError, TypeError) as exc:
@@ -112,6 +116,8 @@ def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) 
     image = dict(manifest.image)
     if not image.get("base_digest") and lock.base_digest:
         image["base_digest"] = lock.base_digest
+    if lock.extends and image.get("extends") and image.get("provides") is None:
+        image["provides"] = list(lock.extends["provides"])
     manifest = with_nccl_pin(manifest, lock.pin())
     stages = {name: dict(values) for name, values in manifest.stages.items()}
     for name, entries in lock.sources.items():

@@ -23,7 +23,11 @@ from imageforge.validate import ALLOWED, problem
 
 IMAGE_FIELDS: dict[str, Field] = {
     "name": Field(kind="name", help="image repository name used for tags"),
-    "base": Field(kind="image", required=True, help="base image reference"),
+    "base": Field(kind="image", help="base image reference (required unless extends)"),
+    "extends": Field(kind="image", help="a prebuilt image to build on instead of base: only "
+                                        "the stages it lacks are built"),
+    "provides": Field(kind="names", help="stages the extends image already has (default: "
+                                         "read from its labels by `invoke lock`)"),
     "base_digest": Field(kind="digest", locked=True, help="base image digest (lock)"),
     "platform": Field(kind="text", default="linux/amd64",
                       choices=("linux/amd64", "linux/arm64"), help="target platform"),
@@ -52,8 +56,16 @@ class Manifest:
     # The effective document (file + overrides) before defaults, for the manifest digest.
     document: Mapping[str, Any]
 
+    # Stage tables the lock has nothing to resolve for (the user's code): outside the digest,
+    # so editing them never makes the lock stale.
+    unlocked: frozenset[str] = frozenset()
+
     def digest(self) -> str:
-        canonical = json.dumps(self.document, sort_keys=True, separators=(",", ":"))
+        document = dict(self.document)
+        stages = document.get("stages")
+        if isinstance(stages, dict) and self.unlocked & set(stages):
+            document["stages"] = {k: v for k, v in stages.items() if k not in self.unlocked}
+        canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
     def has_stage(self, name: str) -> bool:
@@ -203,7 +215,7 @@ def _parse_override_value(raw: str, field: Field, fail: Any) -> Any:
         if raw.isdigit():
             return int(raw)
         raise fail(f"expected {ALLOWED['int']}.")
-    if field.kind in ("arch_list", "packages", "flags", "args"):
+    if field.kind in ("arch_list", "packages", "flags", "args", "names"):
         if raw.startswith("["):
             try:
                 return tomllib.loads(f"v = {raw}")["v"]
@@ -235,7 +247,25 @@ def _validate(document: dict[str, Any], where: _Locator, registry: Mapping[str, 
         values = _validate_table(table, f"stages.{name}", stage.fields, where)
         stages[name] = _substitute(values, f"stages.{name}", stage.fields, where)
     _check_python(image, stages, where)
-    return Manifest(path=where.path, image=image, stages=stages, document=document)
+    _check_base(image, where)
+    unlocked = frozenset(name for name, stage in registry.items() if not stage.locked)
+    return Manifest(path=where.path, image=image, stages=stages, document=document,
+                    unlocked=unlocked)
+
+
+def _check_base(image: dict[str, Any], where: _Locator) -> None:
+    """`extends` is the base of every stage; exactly one of the two names it."""
+    if image.get("extends") and image.get("base"):
+        raise ManifestError(f"{where('image.extends')}: set image.base or image.extends, "
+                            "not both (stages build FROM the extended image).")
+    if image.get("extends"):
+        image["base"] = image["extends"]
+    elif not image.get("base"):
+        raise ManifestError(f"{where('image')}: missing required key 'base' (base image "
+                            "reference); add `base = ...` (or `extends = ...`) to [image].")
+    elif image.get("provides") is not None:
+        raise ManifestError(f"{where('image.provides')}: only an image that extends another "
+                            "provides stages; add image.extends or drop image.provides.")
 
 
 def _validate_table(table: Any, dotted: str, fields: Mapping[str, Field], where: _Locator

@@ -30,7 +30,6 @@ from imageforge.download import redact
 from imageforge.errors import FatalError
 from imageforge.jsonfile import read_object
 from imageforge.plan import defined_targets
-from stages import STAGES
 
 T = TypeVar("T")
 
@@ -145,7 +144,8 @@ def _run(settings: project.Settings, options: NightlyOptions, report: Nightly) -
 
 
 def _default_target(settings: project.Settings) -> str:
-    targets = defined_targets(project.load_manifest(settings), STAGES)
+    loaded = project.load_manifest(settings)
+    targets = defined_targets(loaded, project.registry_for(loaded))
     if not targets:
         raise FatalError(f"{settings.manifest} defines no image target; pass --target.")
     return "smddp" if "smddp" in targets else targets[0]

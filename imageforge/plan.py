@@ -31,6 +31,8 @@ class PlannedStage:
     inputs: Mapping[str, Any]
     recipe: str
     sources: tuple[Source, ...]
+    # Host directories handed to BuildKit: context name -> (path, tree digest).
+    local_dirs: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     status: Status = "build"
 
 
@@ -40,6 +42,8 @@ class Plan:
     manifest: Manifest
     stages: tuple[PlannedStage, ...]
     context: Context
+    # The stage graph the plan was made from (without what an extended image provides).
+    registry: Mapping[str, Stage]
 
     def stage(self, name: str) -> PlannedStage:
         return next(s for s in self.stages if s.name == name)
@@ -52,9 +56,12 @@ class Plan:
         return [src for stage in self.stages for src in stage.sources]
 
     def to_json(self, manifest_label: str) -> dict[str, Any]:
+        extended = self.manifest.image.get("extends")
         return {
             "target": self.target,
             "manifest": manifest_label,
+            **({"extends": {"ref": extended, "provides": list(self.manifest.image["provides"])}}
+               if extended else {}),
             "stages": [
                 {"name": s.name, "deps": list(s.deps), "key": s.key, "status": s.status,
                  "inputs": dict(s.inputs)}
@@ -110,9 +117,11 @@ def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
         planned.append(PlannedStage(
             name=name, deps=deps, key=keys[name], inputs=inputs[name], recipe=recipe,
             sources=tuple(stage.sources(context)),
+            local_dirs=dict(stage.local_dirs(context)),
             status=(statuses or {}).get(keys[name], "build"),
         ))
-    return Plan(target=target, manifest=manifest, stages=tuple(planned), context=context)
+    return Plan(target=target, manifest=manifest, stages=tuple(planned), context=context,
+                registry=registry)
 
 
 def stage_key(*, name: str, recipe: str, inputs: Mapping[str, Any], manifest: Manifest,

@@ -174,7 +174,7 @@ class BuildProgress:
             print(json.dumps(event), file=self.out, flush=True)
         else:
             elapsed = time.time() - self._started
-            print(f"[{elapsed:7.1f}s] {stage.name:<14} {state}"
+            print(f"[{elapsed:7.1f}s] {stage.name:<18} {state}"
                   + (f" ({stage.seconds:.1f}s)" if state in ("built", "failed") else ""),
                   file=self.out, flush=True)
 

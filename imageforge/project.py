@@ -5,22 +5,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from imageforge import compat, lock
+from imageforge import codedir, compat, extends, lock
 from imageforge import manifest as manifest_mod
 from imageforge import mirror as mirror_mod
 from imageforge.artifacts import ArtifactStore
-from imageforge.errors import ManifestError
+from imageforge.errors import DockerError, ManifestError
 from imageforge.execute import is_external
 from imageforge.manifest import Manifest
 from imageforge.plan import Plan, Status, defined_targets, make_plan
 from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.render import render_dockerfile
 from imageforge.sources import SourceCache
+from imageforge.stage import Stage
 from stages import STAGES
 
 DEFAULT_MANIFEST = Path("manifests/smddp.toml")
@@ -44,19 +45,26 @@ class Settings:
 
 
 def load_manifest(settings: Settings) -> Manifest:
-    """The manifest with --set overrides, and its lock's pins when the lock is current."""
+    """The manifest with --set overrides, its lock's pins when the lock is current, and the
+    digest of the user's code."""
     loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
     if settings.locked:
         lock.check(loaded, current, path)
-    return lock.apply(loaded, current, STAGES)
+    return codedir.apply(lock.apply(loaded, current, STAGES))
+
+
+def registry_for(manifest: Manifest) -> Mapping[str, Stage]:
+    """The stage graph of `manifest` (without what an extended image already has)."""
+    return extends.registry(STAGES, manifest)
 
 
 def plan(settings: Settings, target: str, *, remote: Remote | None = None) -> Plan:
     """The plan with each stage's status: in the local artifact store, in the remote one,
     or to be built."""
-    planned = make_plan(load_manifest(settings), target, STAGES)
+    loaded = load_manifest(settings)
+    planned = make_plan(loaded, target, registry_for(loaded))
     return with_statuses(planned, artifact_store(settings), remote)
 
 
@@ -107,14 +115,35 @@ def write_lock(settings: Settings, *, upgrade: bool,
     if previous is not None and previous.manifest_digest != loaded.digest():
         # Pins of a different effective manifest are not evidence for this one.
         previous = None
-    new = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade,
-                       only=stages)
+    loaded, extended = _extends(loaded)
+    new = lock.resolve(loaded, registry_for(loaded), source_cache(settings), previous,
+                       upgrade=upgrade, only=stages)
+    new = dataclasses.replace(new, extends=extended)
     changes = lock.diff(previous, new)
     # Same pins, same creation time: only a moved pin gives images a new date.
     kept = previous.source_date_epoch if previous and not changes else None
     new = dataclasses.replace(new, source_date_epoch=kept or int(time.time()))
     lock.write(path, new, loaded)
     return path, changes
+
+
+def _extends(loaded: Manifest) -> tuple[Manifest, dict[str, Any] | None]:
+    """The manifest with what its extended image provides (from the image's labels unless
+    declared), and that image as the lock records it."""
+    ref = loaded.image.get("extends")
+    if not ref:
+        return loaded, None
+    declared = extends.provided(loaded)
+    try:
+        found = extends.inspect(str(ref), STAGES)
+    except DockerError:
+        if declared is None:
+            raise
+        # Declared by hand: an image this host cannot see is still buildable on one that can.
+        return loaded, {"ref": ref, "digest": None, "provides": list(declared), "versions": {}}
+    extends.check_versions(loaded, found.versions)
+    names = declared if declared is not None else found.provides
+    return extends.with_provides(loaded, names, found.digest), found.to_json(str(ref))
 
 
 def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
@@ -144,7 +173,8 @@ def mirror_sync(settings: Settings, to: Path) -> Path:
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
     lock.check(raw, current, path)
-    return mirror_mod.sync(lock.apply(raw, current, STAGES), STAGES, source_cache(settings), to)
+    applied = lock.apply(raw, current, STAGES)
+    return mirror_mod.sync(applied, registry_for(applied), source_cache(settings), to)
 
 
 def fetch(settings: Settings, target: str) -> dict[str, Path]:
@@ -176,8 +206,10 @@ def check(settings: Settings) -> list[str]:
     if raw.stages.get("nccl", {}).get("version") == "auto" and pin is None:
         lines.append('nccl: version "auto" is resolved by `invoke lock`; plans need the lock')
         return lines
-    lines += [f"{t}: {len(make_plan(loaded, t, STAGES).stages)} stages"
-              for t in defined_targets(loaded, STAGES)]
+    loaded = codedir.apply(loaded)
+    graph = registry_for(loaded)
+    lines += [f"{t}: {len(make_plan(loaded, t, graph).stages)} stages"
+              for t in defined_targets(loaded, graph)]
     return lines
 
 

@@ -89,6 +89,12 @@ class Stage:
     layer_cache: Literal["min", "max"] = "min"
     # Smoke checks run by `invoke test-image` in any image that contains this stage.
     checks: Callable[[Context], Sequence[Check]] = lambda ctx: ()
+    # False for stages the lock has nothing to resolve for: their tables stay out of the
+    # manifest digest, so editing them never makes the lock stale.
+    locked: bool = True
+    # Directories of the build host handed to BuildKit as named contexts (the user's code):
+    # context name -> (path, sha256 of the tree). The digest must be among the stage's inputs.
+    local_dirs: Callable[[Context], Mapping[str, tuple[str, str]]] = lambda ctx: {}
 
 
 def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:

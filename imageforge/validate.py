@@ -15,7 +15,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 Kind = Literal[
     "version", "url", "repo", "ref", "sha256", "commit", "digest", "path", "image",
     "bool", "int", "arch", "arch_list", "packages", "flags", "args", "name", "text",
-    "specifier", "fingerprint",
+    "specifier", "fingerprint", "entry_point", "host_path", "file_name", "names",
 ]
 
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]{0,63}")
@@ -40,6 +40,11 @@ _FLAG = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_-]*(=[A-Za-z0-9._/+,:=-]+)?")
 _ARG = re.compile(r"(-{1,2})?[A-Za-z0-9][A-Za-z0-9_.-]*(=[A-Za-z0-9._/+,:=-]+)?")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _FINGERPRINT = re.compile(r"[0-9A-Fa-f]{40}")
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_ENTRY_POINT = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}")
+# A directory on the build host; it reaches BuildKit as a context path, never Dockerfile text.
+_HOST_PATH = re.compile(r"[A-Za-z0-9._/~+@][A-Za-z0-9._/~+@-]*")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*(/[A-Za-z0-9_][A-Za-z0-9._+-]*)*")
 
 ALLOWED: Final[dict[str, str]] = {
     "version": "letters, digits and . _ + - (e.g. 2.10.3 or 1.1.3-aws)",
@@ -62,6 +67,10 @@ ALLOWED: Final[dict[str, str]] = {
     "text": "one line of text without quotes, backslashes, '$' or backticks",
     "specifier": "a version specifier like '~=1.14' or '>=2.10,<2.12'",
     "fingerprint": "a 40-hex-digit OpenPGP key fingerprint (spaces allowed)",
+    "entry_point": "a Python entry point like 'package.module:function'",
+    "host_path": "a directory path (relative to the manifest, or absolute) without spaces",
+    "file_name": "a relative file path like 'train.py' or 'src/train.py', without '..'",
+    "names": "a list of stage names like [\"efa\", \"nccl\"]",
 }
 
 
@@ -114,6 +123,9 @@ _STRING_CHECKS: Final[dict[str, Callable[[str], bool]]] = {
     "text": _is_text,
     "specifier": _is_specifier,
     "fingerprint": _is_fingerprint,
+    "entry_point": _full(_ENTRY_POINT),
+    "host_path": _full(_HOST_PATH),
+    "file_name": _full(_FILE_NAME),
 }
 
 _LIST_ITEM: Final[dict[str, Callable[[str], bool]]] = {
@@ -121,6 +133,7 @@ _LIST_ITEM: Final[dict[str, Callable[[str], bool]]] = {
     "packages": _full(_PACKAGE),
     "flags": _full(_FLAG),
     "args": _full(_ARG),
+    "names": _full(_NAME),
 }
 
 

@@ -12,12 +12,14 @@ from stages import (
     aws_ofi_nccl,
     base,
     boost,
+    code,
     efa,
     efa_nccl,
     nccl,
     nccl_tests,
     python,
     pytorch,
+    sagemaker_training,
     smddp,
     torchvision,
 )
@@ -25,5 +27,5 @@ from stages import (
 STAGES: Final[dict[str, Stage]] = {
     module.STAGE.name: module.STAGE
     for module in (base, python, efa, nccl, aws_ofi_nccl, nccl_tests, pytorch, torchvision,
-                   boost, smddp, efa_nccl)
+                   boost, sagemaker_training, smddp, code, efa_nccl)
 }

@@ -1,10 +1,17 @@
 """smddp: the SageMaker distributed data parallel image (seed 002), last stage.
 
 Built FROM the efa stage (system packages stay intact), it gathers Python, NCCL, the plugin,
-PyTorch, torchvision and boost, sets up OpenSSH for MPI between containers, installs the
-SageMaker packages and finally the SMDDP wheel with `SMDATAPARALLEL_PT=1 pip install`.
-The seed bakes one SSH private key into every copy of the image; that is off unless
-`ssh_build_time_key = true`.
+PyTorch, torchvision, boost and the SageMaker training toolkit, sets up OpenSSH for MPI
+between containers, installs the SageMaker packages and finally the SMDDP wheel with
+`SMDATAPARALLEL_PT=1 pip install`.
+
+SageMaker runs the image as `docker run IMAGE train`. The image's entry point gives each
+container its own SSH host keys when it starts and installs the job's SSH key for root from
+the `ssh` input channel (/opt/ml/input/data/ssh/id_ed25519, which `invoke run-local` makes per
+job); without one it generates a key for this container only. The seed instead bakes one
+private key into every copy of the image: anyone holding the image can then log in to every
+running job. That is off unless `ssh_build_time_key = true`, which `invoke check` and
+`invoke build` warn about.
 
 # Parameters
 version, url, sha256: the SMDDP wheel (its file name carries the cpXY tag).
@@ -27,7 +34,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from imageforge import smoke
-from imageforge.dockerfile import apt_install, bind, run, sh
+from imageforge.dockerfile import (
+    CA_BUNDLE_MOUNT,
+    PIP_CACHE_MOUNT,
+    USE_CA_BUNDLE,
+    apt_install,
+    bind,
+    run,
+    sh,
+)
 from imageforge.sources import Source, UrlSource
 from imageforge.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
 
@@ -48,6 +63,36 @@ def sources(ctx: Context) -> Sequence[Source]:
     return [url_source("smddp", ctx.of("smddp")), *([plugin] if plugin else [])]
 
 
+ENTRYPOINT = "/usr/local/bin/imageforge-entrypoint"
+# Runs before `train`: SSH keys made when the container starts, never baked into the image.
+ENTRYPOINT_FILE = f"""COPY --chmod=755 <<'EOF' {ENTRYPOINT}
+#!/bin/sh
+# SageMaker starts a training container as `docker run IMAGE train`. Before the toolkit runs,
+# this container gets its own SSH host keys and root gets the job's key (input channel `ssh`),
+# so MPI reaches the other hosts without one private key baked into every copy of the image.
+set -eu
+if [ "${{1-}}" = train ] && [ -x /usr/sbin/sshd ]; then
+    ssh-keygen -A >/dev/null
+    mkdir -p /root/.ssh /var/run/sshd
+    chmod 700 /root/.ssh
+    channel=${{SM_CHANNEL_SSH:-/opt/ml/input/data/ssh}}
+    if [ -f "$channel/id_ed25519" ]; then
+        install -m 600 "$channel/id_ed25519" /root/.ssh/id_ed25519
+        install -m 644 "$channel/id_ed25519.pub" /root/.ssh/id_ed25519.pub
+    elif [ ! -f /root/.ssh/id_ed25519 ] && [ ! -f /root/.ssh/id_rsa ]; then
+        ssh-keygen -q -t ed25519 -N '' -f /root/.ssh/id_ed25519
+        echo "imageforge: no job SSH key in $channel; other hosts cannot log in here" >&2
+    fi
+    for pub in /root/.ssh/id_*.pub; do
+        grep -qxF "$(cat "$pub")" /root/.ssh/authorized_keys 2>/dev/null ||
+            cat "$pub" >> /root/.ssh/authorized_keys
+    done
+    chmod 600 /root/.ssh/authorized_keys
+fi
+exec "$@"
+EOF"""
+
+
 def openssh_steps(ctx: Context) -> list[str]:
     inputs = ctx.of("smddp")
     steps = [apt_install(["openssh-client", "openssh-server"])] if ctx.image["apt"] else []
@@ -60,6 +105,8 @@ def openssh_steps(ctx: Context) -> list[str]:
         r"sed 's@session\s*required\s*pam_loginuid.so@session optional pam_loginuid.so@g'"
         " -i /etc/pam.d/sshd",
     ))
+    steps.append(ENTRYPOINT_FILE)
+    steps.append(f'ENTRYPOINT ["{ENTRYPOINT}"]')
     if inputs["ssh_build_time_key"]:
         steps.append(run(
             "rm -rf /root/.ssh/",
@@ -77,7 +124,8 @@ def recipe(ctx: Context) -> str:
     if inputs["openssh"]:
         steps.extend(openssh_steps(ctx))
     if inputs["pip_packages"]:
-        steps.append(run(sh(PIP, "install", "--no-cache-dir", "-U", *inputs["pip_packages"])))
+        steps.append(run(USE_CA_BUNDLE, sh(PIP, "install", "-U", *inputs["pip_packages"]),
+                         mounts=[CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT]))
     plugin = s3_plugin(ctx)
     if plugin:
         steps.append(run(sh(PIP, "install", "--no-cache-dir", "-U", f"/src/{plugin.filename}"),
@@ -99,11 +147,7 @@ def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
 
 
 def env(ctx: Context) -> Mapping[str, str]:
-    return {
-        # Seed 002: lets SageMaker launch SMDDP through the PyTorch container's entry point.
-        "SAGEMAKER_TRAINING_MODULE": "sagemaker_pytorch_container.training:main",
-        "DLC_CONTAINER_TYPE": "training",
-    }
+    return {"DLC_CONTAINER_TYPE": "training"}
 
 
 def checks(ctx: Context) -> Sequence[Check]:
@@ -127,7 +171,8 @@ def checks(ctx: Context) -> Sequence[Check]:
 STAGE = Stage(
     name="smddp",
     doc=__doc__ or "",
-    deps=("efa", "python", "nccl", "aws-ofi-nccl", "pytorch", "torchvision", "boost"),
+    deps=("efa", "python", "nccl", "aws-ofi-nccl", "pytorch", "torchvision", "boost",
+          "sagemaker-training"),
     parent="efa",
     image=True,
     fields={
@@ -135,7 +180,7 @@ STAGE = Stage(
         "pip_packages": Field(
             kind="packages",
             default=["packaging", "mpi4py==3.0.3", "smclarify", "sagemaker>=2,<3",
-                     "sagemaker-experiments==0.*", "sagemaker-pytorch-training"],
+                     "sagemaker-experiments==0.*"],
             help="pip packages installed before the wheel"),
         "s3_plugin_url": Field(kind="url", help="PyTorch S3 plugin wheel URL (optional)"),
         "s3_plugin_sha256": Field(kind="sha256", locked=True, help="its sha256 (lock)"),

@@ -47,7 +47,7 @@ from stages import STAGES
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
 CHAIN = ["efa", "python", "nccl", "pytorch", "aws-ofi-nccl", "torchvision", "openssh", "boost",
-         "smddp"]
+         "sagemaker-training", "smddp"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_baseline_runs_the_stage_recipes_commands(sample_plan: Plan) -> None:
             assert instruction in baseline.dockerfile, (name, instruction)
     # Builders fill /out; in one chain the same RUN moves it onto / for the next lines.
     merged = [i for i in instructions(baseline.dockerfile) if i.endswith(MERGE)]
-    assert len(merged) == 5  # nccl, pytorch, aws-ofi-nccl, torchvision, boost
+    assert len(merged) == 6  # nccl, pytorch, aws-ofi-nccl, torchvision, boost, the toolkit
     assert baseline.contexts == ("src-aws-ofi-nccl", "src-boost", "src-efa", "src-nccl",
                                  "src-pytorch", "src-smddp", "src-torchvision")
 
@@ -111,7 +111,7 @@ def test_baseline_follows_the_plan_after_a_pin_change(tmp_path: Path) -> None:
 def test_baseline_from_section_is_the_rest_of_the_chain(sample_plan: Plan) -> None:
     baseline = baseline_dockerfile(sample_plan, STAGES)
     assert baseline.from_section("efa") == CHAIN
-    assert baseline.from_section("boost") == ["boost", "smddp"]
+    assert baseline.from_section("boost") == ["boost", "sagemaker-training", "smddp"]
     assert baseline.from_section("nccl-tests") == []
     assert [s for s, _ in SEED_ORDER][1:] == CHAIN
 
@@ -164,8 +164,8 @@ def _m(tool: str, scenario: str, secs: list[float], rebuilt: list[str], total: i
 
 
 def test_rebuilt_cell_shortens_the_tail_of_the_chain() -> None:
-    tail = _m(BASELINE, "efa", [1.0], CHAIN, 10, unit="layers")
-    assert rebuilt_cell(tail, CHAIN) == "9/10 layers: efa … smddp (9 sections)"
+    tail = _m(BASELINE, "efa", [1.0], CHAIN, 11, unit="layers")
+    assert rebuilt_cell(tail, CHAIN) == "10/11 layers: efa … smddp (10 sections)"
     some = _m(IMAGEFORGE, "efa", [1.0], ["efa", "aws-ofi-nccl", "smddp"], 9)
     assert rebuilt_cell(some) == "3/9 stages: efa, aws-ofi-nccl, smddp"
     assert rebuilt_cell(_m(IMAGEFORGE, "no-op", [1.0], [], 9)) == "0/9 stages"
@@ -186,7 +186,7 @@ def test_scenario_table_puts_both_tools_side_by_side() -> None:
         _m(IMAGEFORGE, "no-op", [1.0, 3.0, 2.0], [], 9),
         _m(BASELINE, "no-op", [1.0], [], 10, unit="layers"),
         _m(IMAGEFORGE, "efa", [10.0], ["efa", "smddp"], 9, expected=["efa"]),
-        _m(BASELINE, "efa", [40.0], CHAIN, 10, unit="layers"),
+        _m(BASELINE, "efa", [40.0], CHAIN, 11, unit="layers"),
     ]
     lines = scenario_table(rows, CHAIN).splitlines()
     assert len(lines) == 4

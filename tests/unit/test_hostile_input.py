@@ -39,8 +39,16 @@ def test_any_set_value_is_accepted_safely_or_refused_naming_the_key(key: str,
     except FatalError:
         return
     for stage in plan.stages:
+        # A heredoc's body is a file's text, not instructions: its end marker closes it.
+        ending = None
         for line in stage.recipe.splitlines():
+            if ending is not None:
+                ending = None if line == ending else ending
+                continue
+            if "<<'EOF'" in line:
+                ending = "EOF"
             first = line.split(" ", 1)[0]
             # Every line is an instruction we wrote or a continuation of one.
-            assert first in ("FROM", "RUN", "COPY", "ENV", "") or line.startswith("    "), line
+            assert first in ("FROM", "RUN", "COPY", "ENV", "ENTRYPOINT", "") \
+                or line.startswith("    "), line
         assert "\r" not in stage.recipe and "\x00" not in stage.recipe

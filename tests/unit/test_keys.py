@@ -38,6 +38,8 @@ CHANGED: dict[str, str] = {
     "name": "changed",
     "specifier": ">=9,<10",
     "fingerprint": "ABCD " * 10,
+    "entry_point": "other_framework.training:main",
+    "file_name": "other.py",
 }
 
 
@@ -49,9 +51,9 @@ def changed_value(key: str, field: Field, current: Any) -> str:
         return "false" if current else "true"
     if field.kind == "int":
         return str((current or 0) + 3)
-    if field.kind in ("arch_list", "packages", "flags", "args"):
+    if field.kind in ("arch_list", "packages", "flags", "args", "names"):
         sample = {"arch_list": "6.1", "packages": "extra-pkg", "flags": "--extra",
-                  "args": "extra=1"}[field.kind]
+                  "args": "extra=1", "names": "efa"}[field.kind]
         return json.dumps([*(current or []), sample])
     return CHANGED[field.kind]
 

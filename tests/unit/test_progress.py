@@ -31,7 +31,7 @@ def states(progress: BuildProgress) -> dict[str, str]:
 def test_cold_build_marks_every_stage_built_except_the_bare_from() -> None:
     progress, out, _ = replay("rawjson-cold.json")
     assert states(progress) == {"base": "cached", "one": "built", "two": "built"}
-    assert "one            built" in out
+    assert "one                built" in out
     assert progress.stages["one"].seconds > 0
     assert "building one" in progress.stages["one"].log
 

@@ -60,8 +60,10 @@ def test_seed_002_commands_are_rendered_faithfully() -> None:
     assert 'RDMAV_FORK_SAFE="1"' in text
     assert "/opt/conda/lib/python3.8/site-packages/smdistributed/dataparallel/lib" in text
     assert "BUILD_VERSION=0.11.3+cu113" in text
-    # The seed's baked private key is off by default.
-    assert "ssh-keygen" not in text
+    # The seed's baked private key is off by default: keys are made when a container starts.
+    assert "ssh-keygen -q -t rsa" not in text and "ssh-keygen -A" in text
+    assert 'ENTRYPOINT ["/usr/local/bin/imageforge-entrypoint"]' in text
+    assert "sagemaker-training==5.1.4 sagemaker-pytorch-training==3.0.0" in text
 
 
 def test_seed_000_builds_nccl_for_every_arch_without_gencode() -> None:
@@ -84,4 +86,4 @@ def test_cached_stage_sections_are_named_build_stages() -> None:
     text = rendered("manifests/smddp.toml", "smddp")
     names = [line.split(" AS ")[1] for line in text.splitlines() if line.startswith("FROM ")]
     assert names == ["base", "efa", "nccl", "aws-ofi-nccl", "boost", "python", "pytorch",
-                     "torchvision", "smddp"]
+                     "sagemaker-training", "torchvision", "smddp"]

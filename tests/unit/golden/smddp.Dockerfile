@@ -79,6 +79,14 @@ RUN --mount=type=bind,from=src-pytorch,target=/tmp/pytorch,rw --mount=type=cache
     && cd /tmp/pytorch \
     && env USE_SYSTEM_NCCL=1 NCCL_ROOT=/opt/conda NCCL_INCLUDE_DIR=/opt/conda/include NCCL_LIB_DIR=/opt/conda/lib 'TORCH_CUDA_ARCH_LIST=3.7 5.0 7.0+PTX 8.0' 'TORCH_NVCC_FLAGS=-Xfatbin -compress-all' CMAKE_PREFIX_PATH=/opt/conda CUDA_HOME=/usr/local/cuda /opt/conda/bin/python setup.py install --root=/out
 
+# ---- sagemaker-training ----
+FROM python AS sagemaker-training
+ENV PATH="/opt/conda/bin${PATH:+:${PATH}}"
+RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
+    && /opt/conda/bin/pip install --disable-pip-version-check --prefix=/out/opt/conda sagemaker-training==5.1.4 sagemaker-pytorch-training==3.0.0 \
+    && test -x /out/opt/conda/bin/train
+
 # ---- torchvision ----
 FROM python AS torchvision
 COPY --from=nccl /out/ /
@@ -96,6 +104,7 @@ COPY --from=aws-ofi-nccl /out/ /
 COPY --from=boost /out/ /
 COPY --from=python /opt/conda /opt/conda
 COPY --from=pytorch /out/ /
+COPY --from=sagemaker-training /out/ /
 COPY --from=torchvision /out/ /
 ENV LD_LIBRARY_PATH="/opt/conda/lib/python3.8/site-packages/smdistributed/dataparallel/lib:/usr/local/lib:/opt/conda/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/conda/bin:/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}" \
@@ -115,7 +124,36 @@ RUN mkdir -p /var/run/sshd \
     && echo "    StrictHostKeyChecking no" >> /etc/ssh/ssh_config.new \
     && mv /etc/ssh/ssh_config.new /etc/ssh/ssh_config \
     && sed 's@session\s*required\s*pam_loginuid.so@session optional pam_loginuid.so@g' -i /etc/pam.d/sshd
-RUN /opt/conda/bin/pip install --no-cache-dir -U packaging mpi4py==3.0.3 smclarify 'sagemaker>=2,<3' 'sagemaker-experiments==0.*' sagemaker-pytorch-training
+COPY --chmod=755 <<'EOF' /usr/local/bin/imageforge-entrypoint
+#!/bin/sh
+# SageMaker starts a training container as `docker run IMAGE train`. Before the toolkit runs,
+# this container gets its own SSH host keys and root gets the job's key (input channel `ssh`),
+# so MPI reaches the other hosts without one private key baked into every copy of the image.
+set -eu
+if [ "${1-}" = train ] && [ -x /usr/sbin/sshd ]; then
+    ssh-keygen -A >/dev/null
+    mkdir -p /root/.ssh /var/run/sshd
+    chmod 700 /root/.ssh
+    channel=${SM_CHANNEL_SSH:-/opt/ml/input/data/ssh}
+    if [ -f "$channel/id_ed25519" ]; then
+        install -m 600 "$channel/id_ed25519" /root/.ssh/id_ed25519
+        install -m 644 "$channel/id_ed25519.pub" /root/.ssh/id_ed25519.pub
+    elif [ ! -f /root/.ssh/id_ed25519 ] && [ ! -f /root/.ssh/id_rsa ]; then
+        ssh-keygen -q -t ed25519 -N '' -f /root/.ssh/id_ed25519
+        echo "imageforge: no job SSH key in $channel; other hosts cannot log in here" >&2
+    fi
+    for pub in /root/.ssh/id_*.pub; do
+        grep -qxF "$(cat "$pub")" /root/.ssh/authorized_keys 2>/dev/null ||
+            cat "$pub" >> /root/.ssh/authorized_keys
+    done
+    chmod 600 /root/.ssh/authorized_keys
+fi
+exec "$@"
+EOF
+ENTRYPOINT ["/usr/local/bin/imageforge-entrypoint"]
+RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
+    && /opt/conda/bin/pip install -U packaging mpi4py==3.0.3 smclarify 'sagemaker>=2,<3' 'sagemaker-experiments==0.*'
 RUN --mount=type=bind,from=src-smddp-s3,target=/src \
     /opt/conda/bin/pip install --no-cache-dir -U /src/awsio-0.0.1-cp38-cp38-manylinux1_x86_64.whl
 RUN mkdir -p /etc/pki/tls/certs \

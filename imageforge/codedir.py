@@ -1,0 +1,110 @@
+"""The user's training code: a directory on the build host, keyed by its content.
+
+The `code` stage copies it into the image; its key is the sha256 of the tree (relative paths,
+executable bits and bytes), never its location, so the same code gives the same key from any
+checkout, and any edit rebuilds that one cheap stage. The build reads a content-addressed
+snapshot, so an edit made while BuildKit runs cannot slip into an image keyed otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from imageforge.errors import ManifestError
+from imageforge.manifest import Manifest
+
+STAGE = "code"
+# Files that are never training code and would only make keys differ between checkouts.
+IGNORED = frozenset({".git", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over every file's relative path, executable bit and content, in path order."""
+    digest = hashlib.sha256()
+    for relative, path in _files(root):
+        mode = "x" if os.access(path, os.X_OK) else "-"
+        digest.update(f"{relative}\0{mode}\0{path.stat().st_size}\0".encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def _files(root: Path) -> Iterator[tuple[str, Path]]:
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in IGNORED)
+        for name in sorted(files):
+            if name in IGNORED or name.endswith(".pyc"):
+                continue
+            path = Path(directory) / name
+            relative = path.relative_to(root).as_posix()
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                raise ManifestError(f"{root}: {relative} is a symlink; the training code must "
+                                    "be plain files (copy what it points to instead).")
+            if not stat.S_ISREG(info.st_mode):
+                raise ManifestError(f"{root}: {relative} is not a regular file; remove it "
+                                    "from the training code directory.")
+            yield relative, path
+
+
+def apply(manifest: Manifest) -> Manifest:
+    """`manifest` with stages.code.dir made absolute (relative to the manifest file) and its
+    content digest added; unchanged when it has no code stage."""
+    table = manifest.stages.get(STAGE)
+    if table is None:
+        return manifest
+    where = f"{manifest.path}: stages.{STAGE}"
+    root = Path(os.path.expanduser(str(table["dir"])))
+    if not root.is_absolute():
+        root = manifest.path.parent / root
+    root = root.resolve()
+    if not root.is_dir():
+        raise ManifestError(f"{where}.dir: {root} is not a directory; point it (or --code) at "
+                            "the directory holding the training code.")
+    program = str(table["program"])
+    if not (root / program).is_file():
+        raise ManifestError(f"{where}.program: {program} is not a file in {root}; name the "
+                            "script SageMaker should run, relative to the code directory.")
+    values: dict[str, Any] = {**table, "dir": str(root), "digest": tree_digest(root)}
+    return dataclasses.replace(manifest, stages={**manifest.stages, STAGE: values})
+
+
+def snapshot(root: Path, digest: str, cache: Path) -> Path:
+    """A read-only copy of `root` under `cache`, named by `digest`; refuses a tree that no
+    longer has that digest (it changed after planning)."""
+    target = cache / digest.removeprefix("sha256:")
+    if target.is_dir():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=cache, prefix=".tmp-"))
+    try:
+        for relative, path in _files(root):
+            dest = staging / relative
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest)
+        if tree_digest(staging) != digest:
+            raise ManifestError(f"{root} changed while this build was starting; run it again.")
+        try:
+            staging.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def local_dirs(contexts: Mapping[str, str], cache: Path,
+               digests: Mapping[str, str]) -> dict[str, str]:
+    """Snapshots of the host directories a build hands to BuildKit, by context name."""
+    return {name: str(snapshot(Path(path), digests[name], cache))
+            for name, path in contexts.items()}

@@ -1,0 +1,74 @@
+"""code: the user's training code on top of the SMDDP image, the last and cheapest stage.
+
+Like the seed's `COPY cifar10.py /opt/ml/code/`: the directory is copied to /opt/ml/code and
+SAGEMAKER_PROGRAM names the script, so `docker run IMAGE train` runs it with the job's
+hyperparameters. The stage key is the content of the directory, so editing the code rebuilds
+this stage only. `invoke build --code DIR --program train.py` sets both keys from the
+command line.
+
+# Parameters
+dir: the directory holding the training code (relative to the manifest file).
+program: the script SageMaker runs, relative to `dir`.
+
+# Examples
+```toml
+[stages.code]
+dir = "../examples/train"
+program = "train.py"
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from imageforge.dockerfile import sh
+from imageforge.stage import Check, Context, Field, Stage
+
+CODE_DIR = "/opt/ml/code"
+CONTEXT = "src-code"
+
+
+def recipe(ctx: Context) -> str:
+    return f"COPY --from={CONTEXT} . {CODE_DIR}/"
+
+
+def env(ctx: Context) -> Mapping[str, str]:
+    return {"SAGEMAKER_PROGRAM": str(ctx.of("code")["program"]),
+            "SAGEMAKER_SUBMIT_DIRECTORY": CODE_DIR}
+
+
+def local_dirs(ctx: Context) -> Mapping[str, tuple[str, str]]:
+    inputs = ctx.of("code")
+    return {CONTEXT: (str(inputs["dir"]), str(inputs["digest"]))}
+
+
+def checks(ctx: Context) -> Sequence[Check]:
+    program = str(ctx.of("code")["program"])
+    return [Check(name=f"the training program {program} is in {CODE_DIR}",
+                  script=f'[ "$SAGEMAKER_PROGRAM" = {sh(program)} ] && '
+                         f"test -f {sh(f'{CODE_DIR}/{program}')}")]
+
+
+STAGE = Stage(
+    name="code",
+    doc=__doc__ or "",
+    deps=("smddp",),
+    parent="smddp",
+    image=True,
+    fields={
+        "version": Field(kind="version", help="a name for this revision of the code (labels)"),
+        # Where the code is does not matter to the image; what it holds does (digest).
+        "dir": Field(kind="host_path", required=True, keyed=False,
+                     help="directory of the training code (relative to the manifest)"),
+        "program": Field(kind="file_name", required=True,
+                         help="the script SageMaker runs, relative to dir"),
+        "digest": Field(kind="digest", locked=True,
+                        help="sha256 of the code (computed when the manifest is read)"),
+    },
+    recipe=recipe,
+    env=env,
+    local_dirs=local_dirs,
+    checks=checks,
+    locked=False,
+)

@@ -1,0 +1,85 @@
+"""sagemaker-training: the SageMaker training toolkit, what `docker run IMAGE train` starts.
+
+SageMaker runs a training image with the single argument `train`. The toolkit's `train`
+entry point reads /opt/ml/input/config/{hyperparameters,resourceconfig,inputdataconfig}.json
+and hands over to the framework package SAGEMAKER_TRAINING_MODULE names (seed 002:
+sagemaker-pytorch-training), which runs the user's program (SAGEMAKER_PROGRAM) with the
+hyperparameters as arguments; what the program writes to /opt/ml/model is the model.
+
+Both packages come from PyPI at build time, pinned exactly. A build behind a TLS-intercepting
+proxy needs that proxy's CA: `invoke build --ca-bundle FILE` hands one to this step as a
+BuildKit secret, so it reaches neither a layer nor the stage key. Downloads are kept in a
+BuildKit cache mount on the build host, so a rebuild does not fetch them again.
+
+# Parameters
+version: sagemaker-training version.
+packages: pip requirements installed with it (seed: the PyTorch container package).
+module: the framework entry point `train` runs (SAGEMAKER_TRAINING_MODULE).
+
+# Examples
+```toml
+[stages.sagemaker-training]
+version = "5.1.4"
+packages = ["sagemaker-pytorch-training==3.0.0"]
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from imageforge.dockerfile import CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT, USE_CA_BUNDLE, run, sh
+from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage
+
+PREFIX = "/opt/conda"
+
+
+def recipe(ctx: Context) -> str:
+    inputs = ctx.of("sagemaker-training")
+    requirements = [f"sagemaker-training=={inputs['version']}", *inputs["packages"]]
+    # --prefix installs into /out only what the Python stage does not already have, so the
+    # image copies the toolkit onto it without a second copy of numpy & co.
+    return run(
+        USE_CA_BUNDLE,
+        sh(f"{PREFIX}/bin/pip", "install", "--disable-pip-version-check",
+           f"--prefix={EXPORT_ROOT}{PREFIX}", *requirements),
+        sh("test", "-x", f"{EXPORT_ROOT}{PREFIX}/bin/train"),
+        mounts=[CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT],
+    )
+
+
+def env(ctx: Context) -> Mapping[str, str]:
+    return {"SAGEMAKER_TRAINING_MODULE": str(ctx.of("sagemaker-training")["module"])}
+
+
+def checks(ctx: Context) -> Sequence[Check]:
+    inputs = ctx.of("sagemaker-training")
+    version = str(inputs["version"])
+    module = str(inputs["module"]).split(":", 1)[0]
+    return [
+        Check(name=f"sagemaker-training {version} provides `train`",
+              script=f"{PREFIX}/bin/pip show sagemaker-training | grep -qx "
+                     f"{sh('Version: ' + version)} && [ \"$(command -v train)\" = "
+                     f"{PREFIX}/bin/train ]"),
+        Check(name=f"SAGEMAKER_TRAINING_MODULE ({module}) imports",
+              script=f"[ \"${{SAGEMAKER_TRAINING_MODULE%%:*}}\" = {sh(module)} ] && "
+                     f"{PREFIX}/bin/python -c {sh('import ' + module)}"),
+    ]
+
+
+STAGE = Stage(
+    name="sagemaker-training",
+    doc=__doc__ or "",
+    deps=("python",),
+    parent="python",
+    fields={
+        "version": Field(kind="version", default="5.1.4", help="sagemaker-training version"),
+        "packages": Field(kind="packages", default=["sagemaker-pytorch-training==3.0.0"],
+                          help="pip requirements installed with the toolkit"),
+        "module": Field(kind="entry_point", default="sagemaker_pytorch_container.training:main",
+                        help="SAGEMAKER_TRAINING_MODULE: the framework entry point `train` runs"),
+    },
+    recipe=recipe,
+    env=env,
+    checks=checks,
+)
