@@ -21,7 +21,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from imageforge import project
+from imageforge import diskfull, project
 from imageforge.errors import FatalError, ManifestError
 from imageforge.mirror import parse_rewrites
 from imageforge.plan import Plan
@@ -54,6 +54,12 @@ def boundary(func: F) -> F:
             return func(*args, **kwargs)
         except FatalError as exc:
             raise Exit(f"imageforge: {exc}", code=exc.return_code) from None
+        except OSError as exc:
+            # The modules that write name their place; this catches any write they missed.
+            if not diskfull.is_full(exc):
+                raise
+            full = diskfull.error(Path(exc.filename).parent if exc.filename else Path.cwd())
+            raise Exit(f"imageforge: {full}", code=full.return_code) from None
         except KeyboardInterrupt:
             raise Exit("imageforge: interrupted.", code=130) from None
 

@@ -11,6 +11,7 @@ A blob whose only link is the shared copy belongs to no entry and is garbage.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -23,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from imageforge import diskfull
 from imageforge.errors import CacheError
 from imageforge.keylock import locked
 
@@ -133,38 +135,50 @@ class ArtifactStore:
         """Adopt the OCI layout BuildKit exported to `layout` as the artifact of `key`.
         Atomic: the entry appears whole (a rename) or not at all."""
         digest = _top_digest(layout)
-        self.blobs.mkdir(parents=True, exist_ok=True)
-        staged = self.scratch()
-        try:
-            (staged / "blobs" / "sha256").mkdir(parents=True)
-            size = 0
-            for blob in _blob_files(layout):
-                if not _blob_ok(blob):
-                    raise CacheError(f"BuildKit exported a blob of {stage} whose content does "
-                                     f"not match its name ({blob.name}); rebuild it.")
-                shared = self._share(blob)
-                os.link(shared, staged / "blobs" / "sha256" / blob.name)
-                size += shared.stat().st_size
-            for name in ("oci-layout", "index.json"):
-                shutil.copyfile(layout / name, staged / name)
-            now = time.time()
-            entry = Entry(key=key, stage=stage, inputs=dict(inputs), size=size, digest=digest,
-                          build_seconds=round(build_seconds, 2), created=now, last_used=now,
-                          hits=0, path=self.entry_root / key_hex(key))
-            _write_json(staged / "meta.json", entry.meta())
-            self.entry_root.mkdir(parents=True, exist_ok=True)
+        finished = False
+        with diskfull.guard(self.root):
+            self.blobs.mkdir(parents=True, exist_ok=True)
+            staged = self.scratch()
             try:
-                os.rename(staged, entry.path)
-            except OSError:
-                # Another process stored the same key first; keys are content, so keep theirs.
-                existing = self.get(key)
-                if existing is None:
-                    raise
-                return existing
-            return entry
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
-            shutil.rmtree(layout, ignore_errors=True)
+                entry = self._assemble(staged, key=key, stage=stage, inputs=inputs,
+                                       layout=layout, digest=digest,
+                                       build_seconds=build_seconds)
+                finished = True
+                return entry
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+                shutil.rmtree(layout, ignore_errors=True)
+                if not finished:
+                    # Blobs this add shared before it was stopped (an error, Ctrl-C) belong
+                    # to no entry.
+                    self.collect_garbage()
+
+    def _assemble(self, staged: Path, *, key: str, stage: str, inputs: Mapping[str, Any],
+                  layout: Path, digest: str, build_seconds: float) -> Entry:
+        (staged / "blobs" / "sha256").mkdir(parents=True)
+        size = 0
+        for blob in _blob_files(layout):
+            if not _blob_ok(blob):
+                raise CacheError(f"BuildKit exported a blob of {stage} whose content does "
+                                 f"not match its name ({blob.name}); rebuild it.")
+            size += self._link_shared(blob, staged / "blobs" / "sha256" / blob.name)
+        for name in ("oci-layout", "index.json"):
+            shutil.copyfile(layout / name, staged / name)
+        now = time.time()
+        entry = Entry(key=key, stage=stage, inputs=dict(inputs), size=size, digest=digest,
+                      build_seconds=round(build_seconds, 2), created=now, last_used=now,
+                      hits=0, path=self.entry_root / key_hex(key))
+        _write_json(staged / "meta.json", entry.meta())
+        self.entry_root.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(staged, entry.path)
+        except OSError:
+            # Another process stored the same key first; keys are content, so keep theirs.
+            existing = self.get(key)
+            if existing is None:
+                raise
+            return existing
+        return entry
 
     def touch(self, key: str) -> None:
         """Record a use (last used, hits) for cache.ls and pruning."""
@@ -243,13 +257,20 @@ class ArtifactStore:
                 continue
             shutil.rmtree(path, ignore_errors=True)
 
-    def _share(self, blob: Path) -> Path:
-        """Move a verified blob into the shared store (a rename: same filesystem) unless an
-        identical one is already there."""
+    def _link_shared(self, blob: Path, dest: Path) -> int:
+        """Link `dest` to the shared copy of `blob`, making `blob` the shared copy when
+        there is none yet; returns its size. Linked in this order, a shared blob has a
+        second link from the moment it exists, so another process's garbage collection
+        (which takes blobs with one link) never removes it from under this one."""
         shared = self.blobs / blob.name
-        if not shared.exists():
-            os.replace(blob, shared)
-        return shared
+        try:
+            os.link(shared, dest)
+        except FileNotFoundError:
+            os.link(blob, dest)
+            # Another process may share the same bytes first: then ours stay this entry's.
+            with contextlib.suppress(FileExistsError):
+                os.link(dest, shared)
+        return dest.stat().st_size
 
 
 def _blob_files(layout: Path) -> Iterator[Path]:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import codedir, project
+from imageforge import bakefail, codedir, project
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary
@@ -218,7 +218,8 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         argv = [docker_binary(), *builder_args(options.builder), "bake", "-f",
                 str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
                 str(workdir / "metadata.json")]
-        _run_bake(argv, progress, env)
+        _run_bake(argv, progress, env, cache=store.root,
+                  push=tag if options.push else None)
         metadata = read_object(workdir / "metadata.json") or {}
         _keep_artifacts(store, planned, building, artifact_dirs, progress)
         for name in contexts:
@@ -280,7 +281,8 @@ def _absolute_if_local(location: str) -> str:
         "/" not in location else location
 
 
-def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str]) -> None:
+def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *,
+              cache: Path, push: str | None) -> None:
     other: list[str] = []
     with progress, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, env={**os.environ, **env}) as proc:
@@ -298,6 +300,11 @@ def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str]) 
             progress.succeeded()
             return
     failed = [s for s in progress.stages.values() if s.state == "failed"]
+    # A stopped daemon, a full disk or a failing registry is not the recipe's fault.
+    known = bakefail.explain("\n".join([*other, *(s.error or "" for s in failed)]),
+                             cache=cache, push=push)
+    if known is not None:
+        raise known
     if failed:
         stage = failed[0]
         tail = "\n".join(f"    {line}" for line in list(stage.log)[-15:])
@@ -314,8 +321,10 @@ def _keep_artifacts(store: ArtifactStore, planned: Plan, building: list[str],
                   build_seconds=progress.stages[name].seconds)
 
 
-def push_entries(store: ArtifactStore, remote: Remote, keys: Sequence[str]) -> list[str]:
-    """Push local artifacts to the registry; a failure is a warning (the build stands)."""
+def push_entries(store: ArtifactStore, remote: Remote, keys: Sequence[str], *,
+                 required: bool = False) -> list[str]:
+    """Push local artifacts to the registry. A failure is a warning (the build stands),
+    or with `required` (cache.push, whose only job this is) a CacheError."""
     entries = [e for e in (store.get(k) for k in keys) if e is not None]
     if not entries:
         return []
@@ -325,12 +334,16 @@ def push_entries(store: ArtifactStore, remote: Remote, keys: Sequence[str]) -> l
                       "output": [f"type=registry,name={remote.ref(e.stage, e.key)}"]}
         for i, e in enumerate(entries)
     }
-    ok = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
-                               "target": targets}, remote)
-    if not ok:
-        remote_mod.warn_unavailable(remote, "pushing artifacts failed")
-        return []
-    return [e.key for e in entries]
+    failure = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
+                                    "target": targets}, remote)
+    if failure is None:
+        return [e.key for e in entries]
+    if required:
+        raise CacheError(f"could not push {len(entries)} artifact(s) to {remote.repository} "
+                         f"({failure}); the local cache is unchanged: run cache.push again "
+                         "once the registry answers.")
+    remote_mod.warn_push_failed(remote, len(entries), failure)
+    return []
 
 
 def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[str, str]],
@@ -347,10 +360,12 @@ def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[st
         }
         if not targets:
             return []
-        if not _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
-                                     "target": targets}, remote):
-            raise CacheError(f"could not pull artifacts from {remote.repository}; is it "
-                             "reachable and are the credentials right?")
+        failure = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
+                                        "target": targets}, remote)
+        if failure is not None:
+            raise CacheError(f"could not pull artifacts from {remote.repository} ({failure}); "
+                             "nothing was stored: check that it answers and that the "
+                             "credentials are right, then run again.")
         for stage, key in wanted:
             store.add(key=key, stage=stage, inputs={}, layout=dirs[key], build_seconds=0.0)
         return [key for _, key in wanted]
@@ -358,7 +373,8 @@ def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[st
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote) -> bool:
+def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote) -> str | None:
+    """Run a bake that moves artifacts; None when it worked, else BuildKit's reason."""
     scratch = store.scratch()
     try:
         (scratch / "bake.json").write_text(json.dumps(bake))
@@ -366,7 +382,13 @@ def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote) ->
             [docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
              "--progress", "quiet"],
             capture_output=True, env={**os.environ, **remote.env}, check=False, timeout=3600)
-        return proc.returncode == 0
+        if proc.returncode == 0:
+            return None
+        output = proc.stderr.decode(errors="replace")
+        known = bakefail.explain(output, cache=store.root)
+        if known is not None:
+            raise known
+        return bakefail.cause(output)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

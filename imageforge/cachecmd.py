@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from imageforge import project
@@ -13,6 +14,7 @@ from imageforge.build import pull_entries, push_entries
 from imageforge.errors import CacheError
 from imageforge.execute import to_build
 from imageforge.jsonfile import read_object
+from imageforge.remote import RemoteUnavailable
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.I)
@@ -84,9 +86,11 @@ def push(settings: project.Settings, target: str | None) -> str:
         keys = [s.key for s in project.plan(settings, target).stages if s.status == "cached"]
     else:
         keys = [e.key for e in store.all_entries()]
+    # A stage that is only its base image (base) has nothing to push.
+    keys = [k for k in keys if store.get(k) is not None]
     with remote_mod.session(settings.remote) as remote:
         assert remote is not None
-        pushed = push_entries(store, remote, keys)
+        pushed = push_entries(store, remote, keys, required=True)
     return f"pushed {len(pushed)} of {len(keys)} artifacts to {settings.remote}"
 
 
@@ -95,9 +99,16 @@ def pull(settings: project.Settings, target: str) -> str:
         raise CacheError("cache.pull needs --remote (or imageforge.remote in invoke.yaml).")
     store = project.artifact_store(settings)
     with remote_mod.session(settings.remote) as remote:
-        planned = project.plan(settings, target, remote=remote)
-        wanted = [(s.name, s.key) for s in planned.stages if s.status == "remote"]
         assert remote is not None
+        missing = [s for s in project.plan(settings, target).stages if s.status == "build"]
+        try:
+            # Asked directly: planning would take an unreachable registry for an empty one.
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                found = list(pool.map(lambda s: remote.exists(s.name, s.key), missing))
+        except RemoteUnavailable as exc:
+            raise CacheError(f"remote cache {settings.remote} is unreachable ({exc}); nothing "
+                             "was pulled: run cache.pull again once it answers.") from None
+        wanted = [(s.name, s.key) for s, ok in zip(missing, found, strict=True) if ok]
         pulled = pull_entries(store, remote, wanted)
     return f"pulled {len(pulled)} artifacts from {settings.remote}"
 

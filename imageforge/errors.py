@@ -72,6 +72,12 @@ class TrainingJobError(FatalError):
     return_code = 11
 
 
+class RegistryError(FatalError):
+    """A registry failed, refused or went away while `build --push` pushed the image."""
+
+    return_code = 12
+
+
 class Interrupted(FatalError):
     """The user (or CI) stopped the run with SIGINT/SIGTERM."""
 

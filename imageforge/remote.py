@@ -149,3 +149,9 @@ def _write_config(config: Path, hosts: Sequence[str], user: str, password: str) 
 def warn_unavailable(remote: Remote, why: str) -> None:
     print(f"imageforge: warning: remote cache {remote.repository} is unreachable ({why}); "
           "continuing with the local cache only.", file=sys.stderr)
+
+
+def warn_push_failed(remote: Remote, count: int, why: str) -> None:
+    print(f"imageforge: warning: pushing {count} artifact(s) to the remote cache "
+          f"{remote.repository} failed ({why}); the build stands, push them later with "
+          f"`invoke cache.push --remote {remote.repository}`.", file=sys.stderr)

@@ -36,7 +36,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from imageforge import tarcheck
+from imageforge import diskfull, tarcheck
 from imageforge.download import Progress as ProgressCallback
 from imageforge.download import download, redact
 from imageforge.errors import Interrupted, LockError, SourceError
@@ -119,16 +119,23 @@ class SourceCache:
         entry = self.path_for(source)
         if self._is_complete(source, entry):
             return entry
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(_beside(entry, ".lock")):
-            # Another process may have completed it while we waited for the lock.
-            if self._is_complete(source, entry):
-                return entry
-            if isinstance(source, UrlSource) and _add_file_name(source, entry):
-                return entry
-            _clear(entry)
-            _fetch(self.locate(source), entry, on_progress, self.locator)
-            _write_marker(entry, _marker(source, entry))
+        with diskfull.guard(self.root):
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(_beside(entry, ".lock")):
+                # Another process may have completed it while we waited for the lock.
+                if self._is_complete(source, entry):
+                    return entry
+                if isinstance(source, UrlSource) and _add_file_name(source, entry):
+                    return entry
+                _clear(entry)
+                try:
+                    _fetch(self.locate(source), entry, on_progress, self.locator)
+                    _write_marker(entry, _marker(source, entry))
+                except BaseException:
+                    # Without its marker the entry counts as absent, but it would still take
+                    # space, maybe on the disk that just filled up.
+                    _clear(entry)
+                    raise
         return entry
 
     def materialize_all(

@@ -6,14 +6,20 @@ the reason, so unit work stays possible on a laptop without Docker.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import requests
@@ -90,6 +96,114 @@ def invoke(*args: str, cache: Path | None = None, env: dict[str, str] | None = N
                           timeout=timeout)
 
 
+class Running:
+    """An `invoke` command running in its own process group, its stderr read as it comes
+    (so a test can act when a line appears)."""
+
+    def __init__(self, *args: str, cache: Path, env: dict[str, str] | None = None) -> None:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT),
+                    "INVOKE_IMAGEFORGE_CACHE_DIR": str(cache), **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(ROOT), *args],
+                                     cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.out: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [threading.Thread(target=self._read, args=(pipe, into), daemon=True)
+                         for pipe, into in ((self.proc.stderr, self.lines),
+                                            (self.proc.stdout, self.out))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(pipe: IO[str], into: list[str]) -> None:
+        for line in pipe:
+            into.append(line)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        """Until a line of stderr matches the regular expression `pattern`."""
+        deadline = time.monotonic() + timeout
+        while not any(re.search(pattern, line) for line in self.lines):
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}:\n{self.stderr}"
+            assert time.monotonic() < deadline, f"no {pattern!r} in:\n{self.stderr}"
+            time.sleep(0.02)
+
+    def signal(self, signum: int, *, group: bool = False) -> None:
+        """`group`: the whole process group, as Ctrl-C in a terminal does."""
+        if group:
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.proc.send_signal(signum)
+
+    def finish(self, timeout: float = 120) -> int:
+        """Wait (bounded) for the exit code; the process group is killed if it hangs."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"still running after {timeout} s:\n{self.stderr}") from None
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code
+
+    @property
+    def last_line(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def assert_cache_consistent(cache: Path) -> None:
+    """What any fault must leave behind: whole artifact entries only (each verifies), no work
+    in progress under artifacts/tmp, no shared blob that no entry links, no half-fetched
+    source, and no lock file still held by anyone."""
+    from imageforge.artifacts import ArtifactStore
+
+    artifacts = cache / "artifacts"
+    store = ArtifactStore(artifacts)
+    entries = artifacts / "entries"
+    for entry in sorted(entries.iterdir()) if entries.exists() else []:
+        assert (entry / "meta.json").is_file() and (entry / "index.json").is_file(), entry
+        assert store.verify(f"sha256:{entry.name}") is not None, f"{entry} is corrupt"
+    leftovers = list((artifacts / "tmp").iterdir()) if (artifacts / "tmp").exists() else []
+    assert leftovers == [], f"work in progress left behind: {leftovers}"
+    blobs = artifacts / "blobs" / "sha256"
+    orphans = [b.name for b in blobs.iterdir() if b.stat().st_nlink == 1] \
+        if blobs.exists() else []
+    assert orphans == [], f"blobs no entry links: {orphans}"
+    for kind in ("sha256", "git"):
+        folder = cache / "sources" / kind
+        for path in sorted(folder.iterdir()) if folder.exists() else []:
+            assert not path.name.startswith("."), f"a fetch left {path} behind"
+            if path.is_dir():
+                assert path.with_name(path.name + ".complete").exists(), f"{path} is half-written"
+    for lock in cache.rglob("*.lock"):
+        if lock.is_file():
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while someone holds it
+            finally:
+                os.close(fd)
+
+
+def assert_engine_clean(engine: SecondDockerd, builders: list[str]) -> None:
+    """No build step still running, no container, no builder beyond those there before."""
+    deadline = time.monotonic() + 20
+    while engine.executor_processes():
+        assert time.monotonic() < deadline, f"build steps still run: {engine.executor_processes()}"
+        time.sleep(0.2)
+    assert engine.docker("ps", "-aq").stdout.split() == []
+    assert engine.builders() == builders
+
+
 def docker_out(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -132,3 +246,131 @@ def registry(docker_ready: None, docker_services: Any) -> str:
 def registry_env() -> dict[str, str]:
     return {"IMAGEFORGE_REGISTRY_USER": REGISTRY_USER,
             "IMAGEFORGE_REGISTRY_PASSWORD": REGISTRY_PASSWORD}
+
+
+class SecondDockerd:
+    """A second Docker engine on its own socket, data-root, exec-root and bridge (sharing
+    this host's containerd under its own namespace), with the base image. Tests may stop it
+    (`kill`) and start it again (`start`); nobody else uses it, so its containers,
+    builders and build cache are the tests' alone. The host's own daemon is never touched."""
+
+    def __init__(self, root: Path) -> None:
+        run = uuid.uuid4().hex[:8]
+        self.root = root
+        self.name = f"imageforge-second-{run}"
+        self.socket = root / "docker.sock"
+        # Its own bridge: an engine started with `--bridge none` deletes the first one's
+        # docker0.
+        self.bridge = f"ifbr{run}"
+        self.subnet = f"10.213.{int(run[:2], 16)}.1/24"
+        self.process: subprocess.Popen[bytes] | None = None
+        (root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}')
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What makes docker (and imageforge) talk to this engine."""
+        return {"DOCKER_HOST": f"unix://{self.socket}"}
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["docker", *args], env={**os.environ, **self.env},
+                              capture_output=True, text=True, check=check, timeout=120)
+
+    def answers(self) -> bool:
+        return self.docker("info", check=False).returncode == 0
+
+    def start(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            return
+        if not Path(f"/sys/class/net/{self.bridge}").exists():
+            for command in (["ip", "link", "add", "name", self.bridge, "type", "bridge"],
+                            ["ip", "addr", "add", self.subnet, "dev", self.bridge],
+                            ["ip", "link", "set", self.bridge, "up"]):
+                subprocess.run(command, check=True, capture_output=True)
+        log = (self.root / "log").open("a")
+        self.process = subprocess.Popen(
+            ["dockerd", "--host", f"unix://{self.socket}", "--data-root",
+             str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+             "--pidfile", str(self.root / "docker.pid"),
+             "--config-file", str(self.root / "daemon.json"),
+             "--containerd", "/run/containerd/containerd.sock",
+             "--containerd-namespace", self.name,
+             "--containerd-plugins-namespace", f"{self.name}-plugins",
+             "--bridge", self.bridge, "--iptables=false", "--ip6tables=false"],
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not self.answers():
+            assert self.process.poll() is None, (self.root / "log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the second dockerd did not start"
+            time.sleep(0.3)
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """Stop the engine like a crash (SIGKILL) or `systemctl stop` (SIGTERM)."""
+        assert self.process is not None
+        self.process.send_signal(signum)
+        self.process.wait(timeout=60)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.kill(signal.SIGTERM)
+        # An engine stopped mid-build leaves its build steps' mounts behind; so does the
+        # data-root's own mount.
+        for target in sorted(self.mounts(), reverse=True):
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+
+    def mounts(self) -> list[str]:
+        """Mount points under this engine's directories."""
+        inside = str(self.root) + "/"
+        with open("/proc/self/mounts") as table:
+            targets = [line.split()[1].encode().decode("unicode_escape") for line in table]
+        return [t for t in targets if t.startswith(inside)]
+
+    def step_mounts(self) -> list[str]:
+        """Root file systems of build steps, mounted while a step runs."""
+        return [t for t in self.mounts() if "/buildkit/executor/" in t]
+
+    def builders(self) -> list[str]:
+        return sorted(self.docker("buildx", "ls", "--format", "{{.Name}}").stdout.split())
+
+    def executor_processes(self) -> list[str]:
+        """Build steps (runc) this engine's BuildKit still runs."""
+        found = subprocess.run(["pgrep", "-af", str(self.root / "data" / "buildkit")],
+                               capture_output=True, text=True, check=False).stdout
+        return [line for line in found.splitlines() if "runc" in line]
+
+
+@pytest.fixture(scope="session")
+def second_dockerd(docker_ready: None, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[SecondDockerd]:
+    """The second engine, started once per session with the base image loaded; every test
+    gets it running (a test that stopped it has started it again)."""
+    engine = SecondDockerd(tmp_path_factory.mktemp("dockerd2"))
+    try:
+        engine.start()
+        save = subprocess.Popen(["docker", "save", "imageforge/base:bookworm"],
+                                stdout=subprocess.PIPE)
+        subprocess.run(["docker", "load"], stdin=save.stdout, env={**os.environ, **engine.env},
+                       capture_output=True, check=True)
+        save.wait()
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def dockerd2(second_dockerd: SecondDockerd) -> SecondDockerd:
+    second_dockerd.start()
+    return second_dockerd
+
+
+@pytest.fixture(scope="session")
+def second_builder(second_dockerd: SecondDockerd) -> Iterator[str]:
+    """The second engine as a docker context: the buildx builder of that name is its own."""
+    subprocess.run(["docker", "context", "create", second_dockerd.name, "--docker",
+                    f"host=unix://{second_dockerd.socket}"], capture_output=True, check=True)
+    try:
+        second_dockerd.start()
+        yield second_dockerd.name
+    finally:
+        subprocess.run(["docker", "context", "rm", "-f", second_dockerd.name],
+                       capture_output=True, check=False)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -169,54 +168,6 @@ def test_prune_empties_the_cache_and_a_build_refills_it(sample_manifest: Path, t
     assert not any((tmp_path / "artifacts" / "blobs" / "sha256").iterdir())
     assert build(sample_manifest, tmp_path, target="boost").returncode == 0
     assert last_report(tmp_path, "boost")["boost"] == "built"
-
-
-@pytest.fixture(scope="module")
-def second_builder(docker_ready: None, tmp_path_factory: pytest.TempPathFactory
-                   ) -> Iterator[str]:
-    """A second Docker engine on its own socket (sharing this host's containerd under its
-    own namespace), with the base image, reachable as the buildx builder it names."""
-    root = tmp_path_factory.mktemp("dockerd2")
-    (root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}')
-    socket = root / "docker.sock"
-    name = f"imageforge-second-{RUN}"
-    # Its own bridge: an engine started with `--bridge none` deletes the first one's docker0.
-    bridge = f"ifbr{RUN}"
-    subnet = f"10.213.{int(RUN[:2], 16)}.1/24"
-    for command in (["ip", "link", "add", "name", bridge, "type", "bridge"],
-                    ["ip", "addr", "add", subnet, "dev", bridge],
-                    ["ip", "link", "set", bridge, "up"]):
-        subprocess.run(command, check=True, capture_output=True)
-    daemon = subprocess.Popen(
-        ["dockerd", "--host", f"unix://{socket}", "--data-root", str(root / "data"),
-         "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
-         "--config-file", str(root / "daemon.json"),
-         "--containerd", "/run/containerd/containerd.sock",
-         "--containerd-namespace", name, "--containerd-plugins-namespace", f"{name}-plugins",
-         "--bridge", bridge, "--iptables=false", "--ip6tables=false"],
-        stdout=subprocess.DEVNULL, stderr=(root / "log").open("w"), start_new_session=True)
-    env = {**os.environ, "DOCKER_HOST": f"unix://{socket}"}
-    try:
-        deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "info"], env=env, capture_output=True,
-                             check=False).returncode != 0:
-            assert daemon.poll() is None, (root / "log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "the second dockerd did not start"
-            time.sleep(0.5)
-        save = subprocess.Popen(["docker", "save", "imageforge/base:bookworm"],
-                                stdout=subprocess.PIPE)
-        subprocess.run(["docker", "load"], stdin=save.stdout, env=env, capture_output=True,
-                       check=True)
-        save.wait()
-        subprocess.run(["docker", "context", "create", name, "--docker",
-                        f"host=unix://{socket}"], capture_output=True, check=True)
-        yield name
-    finally:
-        subprocess.run(["docker", "context", "rm", "-f", name], capture_output=True,
-                       check=False)
-        daemon.terminate()
-        daemon.wait(timeout=60)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
 
 
 def test_a_second_builder_reuses_the_first_builders_artifacts(
