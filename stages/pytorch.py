@@ -39,10 +39,15 @@ PYTHON = "/opt/conda/bin/python"
 def arch_list(ctx: Context) -> str:
     """TORCH_CUDA_ARCH_LIST, e.g. "3.7 5.0 7.0+PTX 8.0" for the seed's settings."""
     inputs = ctx.of("pytorch")
-    arches = {*inputs["extra_cuda_arch"], *ctx.image["cuda_arch"]}
-    ptx = inputs.get("ptx_arch")
-    ordered = sorted(arches, key=lambda a: tuple(int(x) for x in a.split(".")))
-    return " ".join(f"{a}+PTX" if a == ptx else a for a in ordered)
+    ptx = str(inputs.get("ptx_arch") or "").removesuffix("+PTX")
+    # The lists may say "7.0+PTX" themselves (validation allows it): one entry per arch,
+    # with PTX when either asks for it.
+    with_ptx: dict[str, bool] = {}
+    for arch in [*inputs["extra_cuda_arch"], *ctx.image["cuda_arch"]]:
+        number = arch.removesuffix("+PTX")
+        with_ptx[number] = with_ptx.get(number, False) or arch != number or number == ptx
+    ordered = sorted(with_ptx, key=lambda a: tuple(int(x) for x in a.split(".")))
+    return " ".join(f"{a}+PTX" if with_ptx[a] else a for a in ordered)
 
 
 def sources(ctx: Context) -> Sequence[Source]:

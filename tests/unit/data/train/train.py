@@ -1,0 +1,1 @@
+"""A training program for rendering tests: only its directory is read."""
