@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, invoke, registry_env
+from tests.integration.conftest import (
+    ROOT,
+    Running,
+    assert_cache_consistent,
+    invoke,
+    registry_env,
+)
 
 RUN = uuid.uuid4().hex[:8]
 
@@ -124,6 +130,26 @@ def test_two_builds_at_once_share_the_work(sample_manifest: Path, tmp_path: Path
              if s["state"] == "built"]
     assert len(built) == len(set(built)), f"a stage was built twice: {built}"
     assert len(entries(tmp_path)) == 5  # every stage but base (its FROM line only)
+
+
+def test_two_builds_and_a_prune_at_once_end_in_time_and_leave_a_good_cache(
+        sample_manifest: Path, tmp_path: Path) -> None:
+    # Entries both builds reuse (efa, nccl, aws-ofi-nccl) and the prune wants gone.
+    assert build(sample_manifest, tmp_path, target="aws-ofi-nccl").returncode == 0
+    args = ("--target", "efa-nccl", "--manifest", str(sample_manifest), "--progress", "plain")
+    running = [Running("build", *args, cache=tmp_path), Running("build", *args, cache=tmp_path),
+               Running("cache.prune", "--older-than", "0s", cache=tmp_path)]
+    codes = [r.finish(timeout=300) for r in running]  # a deadlock fails here, in bounded time
+    assert codes == [0, 0, 0], [r.stderr for r in running]
+    assert "Traceback" not in "".join(r.stderr for r in running)
+    # Whoever got a key's lock first, the prune removed what it listed: before the builds
+    # locked them (they build them again) or after they were done reading them.
+    pruned = running[2].stdout
+    assert all(f"removed {stage}" in pruned for stage in ("efa ", "nccl ", "aws-ofi-nccl "))
+    assert_cache_consistent(tmp_path)
+    again = build(sample_manifest, tmp_path, target="efa-nccl")
+    assert again.returncode == 0, again.stderr
+    assert_cache_consistent(tmp_path)
 
 
 def test_sigkill_mid_build_leaves_no_partial_entry(sample_manifest: Path,
