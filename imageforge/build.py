@@ -14,13 +14,14 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import bakefail, codedir, project
+from imageforge import bakefail, codedir, extends, project
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary
@@ -136,10 +137,13 @@ def build(settings: project.Settings, options: BuildOptions) -> BuildResult | No
 def _build(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
            remote: Remote | None, env: Mapping[str, str]) -> BuildResult | None:
     planned = project.plan(settings, options.target, remote=remote)
+    for warning in planned.warnings():
+        print(f"imageforge: warning: {warning}", file=sys.stderr)
     if options.dry_run:
         _print_dry_run(settings, planned, options)
         return None
     ensure_ready(options.builder)
+    extends.require_same_image(planned.manifest)
     for _ in range(5):
         building = to_build(planned)
         using = reused(planned, building)

@@ -50,11 +50,14 @@ def env_line(variables: Mapping[str, str]) -> str:
     return f"ENV {pairs}"
 
 
-def apt_install(packages: Iterable[str]) -> str:
-    pkgs = sorted(set(packages))
-    return run(
+def apt_commands(packages: Iterable[str]) -> list[str]:
+    return [
         "apt-get update",
         sh("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y",
-           "--no-install-recommends", *pkgs),
+           "--no-install-recommends", *sorted(set(packages))),
         "rm -rf /var/lib/apt/lists/*",
-    )
+    ]
+
+
+def apt_install(packages: Iterable[str]) -> str:
+    return run(*apt_commands(packages))

@@ -69,18 +69,22 @@ def without(stages: Mapping[str, Stage], gone: set[str]) -> dict[str, Stage]:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Inspected:
     digest: str | None
+    # True when the image is only in the local image store: its digest is then an image ID,
+    # which pins the key but cannot be written into FROM (BuildKit would ask a registry).
+    local: bool
     provides: tuple[str, ...]
     versions: Mapping[str, str]
 
     def to_json(self, ref: str) -> dict[str, Any]:
-        return {"ref": ref, "digest": self.digest, "provides": list(self.provides),
-                "versions": dict(self.versions)}
+        return {"ref": ref, "digest": self.digest, "local": self.local,
+                "provides": list(self.provides), "versions": dict(self.versions)}
 
 
 def inspect(ref: str, stages: Mapping[str, Stage]) -> Inspected:
     """REF's digest and the stages its labels say it holds: from the local image store, else
     from its registry."""
     digest, labels = _local(ref)
+    local = labels is not None and "@" not in ref and _remote(ref)[1] is None
     if labels is None:
         digest, labels = _remote(ref)
     if labels is None:
@@ -89,7 +93,7 @@ def inspect(ref: str, stages: Mapping[str, Stage]) -> Inspected:
     names = tuple(n for n in stages if f"{KEY_LABEL}{n}" in labels and n != BASE)
     versions = {n: labels[f"{VERSION_LABEL}{n}"] for n in names
                 if f"{VERSION_LABEL}{n}" in labels}
-    return Inspected(digest=digest, provides=names, versions=versions)
+    return Inspected(digest=digest, local=local, provides=names, versions=versions)
 
 
 def _local(ref: str) -> tuple[str | None, dict[str, str] | None]:
@@ -131,10 +135,27 @@ def check_versions(manifest: Manifest, versions: Mapping[str, str]) -> None:
                 f"[stages.{name}] table or extend another image.")
 
 
-def with_provides(manifest: Manifest, names: Sequence[str], digest: str | None) -> Manifest:
+def with_provides(manifest: Manifest, names: Sequence[str],
+                  pinned: Mapping[str, Any] | None) -> Manifest:
+    """`manifest` with the stages its extended image provides and that image's pin (what
+    `inspect` found, as the lock records it)."""
     image = dict(manifest.image)
     if image.get("provides") is None:
         image["provides"] = list(names)
-    if digest and not image.get("base_digest"):
-        image["base_digest"] = digest
+    digest = (pinned or {}).get("digest")
+    key = "base_image_id" if (pinned or {}).get("local") else "base_digest"
+    if digest and not image.get(key):
+        image[key] = digest
     return dataclasses.replace(manifest, image=image)
+
+
+def require_same_image(manifest: Manifest) -> None:
+    """Refuse to build on a local extended image that is no longer the one locked."""
+    wanted = manifest.image.get("base_image_id")
+    if not wanted:
+        return
+    ref = str(manifest.image["extends"])
+    found, _ = _local(ref)
+    if found != wanted:
+        raise DockerError(f"image.extends = {ref!r} is {found or 'gone'} here, not the image "
+                          f"{wanted} the lock pins; run `invoke lock` to extend the new one.")

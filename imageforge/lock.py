@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge import gitsource, tarcheck, upstream
+from imageforge import extends, gitsource, tarcheck, upstream
 from imageforge.cmd import run
 from imageforge.compat import image_cuda
 from imageforge.dag import closure
@@ -116,8 +116,10 @@ def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) 
     image = dict(manifest.image)
     if not image.get("base_digest") and lock.base_digest:
         image["base_digest"] = lock.base_digest
-    if lock.extends and image.get("extends") and image.get("provides") is None:
-        image["provides"] = list(lock.extends["provides"])
+    if lock.extends and image.get("extends"):
+        manifest = extends.with_provides(dataclasses.replace(manifest, image=image),
+                                         lock.extends["provides"], lock.extends)
+        image = dict(manifest.image)
     manifest = with_nccl_pin(manifest, lock.pin())
     stages = {name: dict(values) for name, values in manifest.stages.items()}
     for name, entries in lock.sources.items():

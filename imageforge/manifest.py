@@ -29,6 +29,8 @@ IMAGE_FIELDS: dict[str, Field] = {
     "provides": Field(kind="names", help="stages the extends image already has (default: "
                                          "read from its labels by `invoke lock`)"),
     "base_digest": Field(kind="digest", locked=True, help="base image digest (lock)"),
+    "base_image_id": Field(kind="digest", locked=True,
+                           help="local image ID of an extended image no registry has (lock)"),
     "platform": Field(kind="text", default="linux/amd64",
                       choices=("linux/amd64", "linux/arm64"), help="target platform"),
     "cuda": Field(kind="version", help="CUDA version of the base image, e.g. 11.3"),

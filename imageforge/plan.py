@@ -52,6 +52,9 @@ class Plan:
     def key(self) -> str:
         return self.stage(self.target).key
 
+    def warnings(self) -> list[str]:
+        return [w for s in self.stages for w in self.registry[s.name].warnings(self.context)]
+
     def sources(self) -> list[Source]:
         return [src for stage in self.stages for src in stage.sources]
 
@@ -130,7 +133,10 @@ def stage_key(*, name: str, recipe: str, inputs: Mapping[str, Any], manifest: Ma
         "stage": name,
         "recipe": recipe,
         "inputs": inputs,
-        "base": {"ref": manifest.image["base"], "digest": manifest.image.get("base_digest")},
+        "base": {"ref": manifest.image["base"], "digest": manifest.image.get("base_digest"),
+                 # A local image's ID, only when there is one: other keys stay as they were.
+                 **({"id": manifest.image["base_image_id"]}
+                    if manifest.image.get("base_image_id") else {})},
         "platform": manifest.image["platform"],
         "deps": dict(sorted(dep_keys.items())),
     }

@@ -143,7 +143,8 @@ def _extends(loaded: Manifest) -> tuple[Manifest, dict[str, Any] | None]:
         return loaded, {"ref": ref, "digest": None, "provides": list(declared), "versions": {}}
     extends.check_versions(loaded, found.versions)
     names = declared if declared is not None else found.provides
-    return extends.with_provides(loaded, names, found.digest), found.to_json(str(ref))
+    pinned = found.to_json(str(ref))
+    return extends.with_provides(loaded, names, pinned), pinned
 
 
 def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
@@ -208,8 +209,10 @@ def check(settings: Settings) -> list[str]:
         return lines
     loaded = codedir.apply(loaded)
     graph = registry_for(loaded)
-    lines += [f"{t}: {len(make_plan(loaded, t, graph).stages)} stages"
-              for t in defined_targets(loaded, graph)]
+    plans = [make_plan(loaded, t, graph) for t in defined_targets(loaded, graph)]
+    warned = dict.fromkeys(w for planned in plans for w in planned.warnings())
+    lines += [f"warning: {w}" for w in warned]
+    lines += [f"{p.target}: {len(p.stages)} stages" for p in plans]
     return lines
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from imageforge.dag import closure, parent_chain
+from imageforge.dag import closure
 from imageforge.dockerfile import env_line
 from imageforge.stage import EXPORT_ROOT, Context, Stage
 
@@ -24,7 +24,8 @@ def render_stage(stage: Stage, ctx: Context, registry: Mapping[str, Stage]) -> s
     """One stage's Dockerfile block; this exact text is part of the stage key."""
     lines = [_from_line(stage, ctx)]
     needed = closure(stage.name, registry)
-    inherited = set(parent_chain(stage.name, registry))
+    # The parent's image already holds everything it needed (inherited or copied in).
+    inherited = {stage.name, *(closure(stage.parent, registry) if stage.parent else ())}
     copied = [n for n in needed if n not in inherited]
     for name in copied:
         lines.extend(_copy_lines(registry[name]))
@@ -81,7 +82,8 @@ def _env(stage: Stage, ctx: Context, registry: Mapping[str, Stage], needed: list
             paths.setdefault(var, []).extend(e for e in entries if e not in paths.get(var, []))
     if stage.image:
         for name in needed:
-            plain.update(registry[name].env(ctx))
+            if name not in parent_set or name == stage.name:
+                plain.update(registry[name].env(ctx))
     env = {var: ":".join(paths[var]) + f"${{{var}:+:${{{var}}}}}" for var in sorted(paths)}
     env.update(plain)
     return env

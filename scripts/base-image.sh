@@ -22,7 +22,10 @@ die() { echo "base-image: error: $*" >&2; exit 1; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
 
-if docker image inspect "$IMAGE" >/dev/null 2>&1; then
+# Bumped whenever the recipe below changes, so an older image of the same tag is rebuilt.
+RECIPE=2
+if [ "$(docker image inspect --format '{{ index .Config.Labels "io.imageforge.base-recipe" }}' \
+        "$IMAGE" 2>/dev/null)" = "$RECIPE" ]; then
     log "$IMAGE already present; nothing to do"
     exit 0
 fi
@@ -79,6 +82,9 @@ log "debootstrap done in $(since "$t")"
 rm -rf "$work"/rootfs/var/cache/apt/archives/*.deb "$work"/rootfs/var/cache/apt/*.bin \
        "$work"/rootfs/var/lib/apt/lists/* "$work"/rootfs/var/log/*.log
 mkdir -p "$work/rootfs/var/lib/apt/lists/partial"
+# openssh-server made host keys while it was installed: every container of every image built
+# on this one would share them. Images make their own when a container starts.
+rm -f "$work"/rootfs/etc/ssh/ssh_host_*
 rootfs_mb=$(du -smx "$work/rootfs" | cut -f1)
 
 log "importing as $IMAGE"
@@ -89,6 +95,7 @@ tar --numeric-owner -C "$work/rootfs" -c . |
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'ENV LANG=C.UTF-8' \
         --change 'CMD ["bash"]' \
+        --change "LABEL io.imageforge.base-recipe=$RECIPE" \
         --message "debootstrap --variant=minbase $SUITE" \
         - "$IMAGE" >/dev/null
 log "import done in $(since "$t")"

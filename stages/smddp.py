@@ -38,6 +38,7 @@ from imageforge.dockerfile import (
     CA_BUNDLE_MOUNT,
     PIP_CACHE_MOUNT,
     USE_CA_BUNDLE,
+    apt_commands,
     apt_install,
     bind,
     run,
@@ -95,16 +96,20 @@ EOF"""
 
 def openssh_steps(ctx: Context) -> list[str]:
     inputs = ctx.of("smddp")
-    steps = [apt_install(["openssh-client", "openssh-server"])] if ctx.image["apt"] else []
+    install = apt_commands(["openssh-client", "openssh-server"]) if ctx.image["apt"] else []
     # Seed: MPI's ssh between containers must not stop at host-key prompts.
-    steps.append(run(
+    steps = [run(
+        *install,
+        # Installing openssh-server makes host keys; in the same step, so that no layer keeps
+        # them: each container makes its own when it starts (the entry point).
+        "rm -f /etc/ssh/ssh_host_*",
         "mkdir -p /var/run/sshd",
         "grep -v StrictHostKeyChecking /etc/ssh/ssh_config > /etc/ssh/ssh_config.new",
         'echo "    StrictHostKeyChecking no" >> /etc/ssh/ssh_config.new',
         "mv /etc/ssh/ssh_config.new /etc/ssh/ssh_config",
         r"sed 's@session\s*required\s*pam_loginuid.so@session optional pam_loginuid.so@g'"
         " -i /etc/pam.d/sshd",
-    ))
+    )]
     steps.append(ENTRYPOINT_FILE)
     steps.append(f'ENTRYPOINT ["{ENTRYPOINT}"]')
     if inputs["ssh_build_time_key"]:
@@ -138,6 +143,14 @@ def recipe(ctx: Context) -> str:
                         f"/src/{wheel}"),
                      mounts=[bind("src-smddp", "/src")]))
     return "\n".join(steps)
+
+
+def warnings(ctx: Context) -> Sequence[str]:
+    if not ctx.of("smddp")["ssh_build_time_key"]:
+        return []
+    return ["stages.smddp.ssh_build_time_key = true bakes one SSH private key into every copy "
+            "of the image: whoever has the image can log in to every job running it; set it "
+            "to false (keys are then made when each container starts)."]
 
 
 def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
@@ -197,4 +210,5 @@ STAGE = Stage(
     env_paths=env_paths,
     env=env,
     checks=checks,
+    warnings=warnings,
 )

@@ -118,8 +118,9 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openssh-client openssh-server \
-    && rm -rf /var/lib/apt/lists/*
-RUN mkdir -p /var/run/sshd \
+    && rm -rf /var/lib/apt/lists/* \
+    && rm -f /etc/ssh/ssh_host_* \
+    && mkdir -p /var/run/sshd \
     && grep -v StrictHostKeyChecking /etc/ssh/ssh_config > /etc/ssh/ssh_config.new \
     && echo "    StrictHostKeyChecking no" >> /etc/ssh/ssh_config.new \
     && mv /etc/ssh/ssh_config.new /etc/ssh/ssh_config \
