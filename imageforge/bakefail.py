@@ -25,9 +25,10 @@ def explain(output: str, *, cache: Path, push: str | None = None) -> FatalError 
                            "run the build again.")
     if diskfull.mentions_full(output):
         path = diskfull.full_path(output)
-        if path is None or path.is_relative_to(cache):
+        if (path.is_relative_to(cache) if path else diskfull.nearly_full(cache)):
             return diskfull.error(cache)
-        return DockerError(f"BuildKit ran out of disk space writing {path}; free space on that "
+        where = f"writing {path}" if path else "in a build step"
+        return DockerError(f"BuildKit ran out of disk space {where}; free space on Docker's "
                            "disk (e.g. `docker builder prune`) and run the build again.")
     if push and "failed to push" in output:
         return RegistryError(f"pushing {push} failed ({cause(output)}); the stages built but "

@@ -8,6 +8,7 @@ could not export an artifact).
 from __future__ import annotations
 
 import errno
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,16 @@ def full_path(text: str) -> Path | None:
     """The path a program's "no space left on device" message names, if it names one."""
     match = _FULL_PATH.search(text)
     return Path(match.group(1)) if match else None
+
+
+def nearly_full(place: Path, *, below: int = 64 << 20) -> bool:
+    """Whether the disk holding `place` has less than `below` bytes free (for a message
+    that says a disk filled up but not which)."""
+    try:
+        stat = os.statvfs(place)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < below
 
 
 def error(place: Path) -> CacheError:
