@@ -41,6 +41,8 @@ def tree_digest(root: Path) -> str:
 def _files(root: Path) -> Iterator[tuple[str, Path]]:
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in IGNORED)
+        # os.walk lists a symlink to a directory among the directories, and skips it.
+        files = files + [d for d in dirs if (Path(directory) / d).is_symlink()]
         for name in sorted(files):
             if name in IGNORED or name.endswith(".pyc"):
                 continue

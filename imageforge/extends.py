@@ -54,12 +54,18 @@ def registry(stages: Mapping[str, Stage], manifest: Manifest) -> Mapping[str, St
 
 def without(stages: Mapping[str, Stage], gone: set[str]) -> dict[str, Stage]:
     """`stages` with `gone` taken out of the graph: `base` becomes the bare FROM of the image
-    being extended, and a stage built FROM a provided one is built FROM it too."""
+    being extended, and a stage built FROM a provided one is built FROM it too. A provided
+    stage stays only as its settings (other recipes may read them): nothing depends on it,
+    and it renders, builds and checks nothing."""
     result: dict[str, Stage] = {}
     for name, stage in stages.items():
         if name == BASE:
             result[name] = dataclasses.replace(stage, deps=(), recipe=lambda ctx: "")
-        elif name not in gone:
+        elif name in gone:
+            result[name] = Stage(name=name, doc=stage.doc, deps=(), parent=BASE,
+                                 fields=stage.fields, recipe=lambda ctx: "", exports=(),
+                                 provided=True)
+        else:
             parent = BASE if stage.parent in gone else stage.parent
             deps = tuple(d for d in stage.deps if d not in gone)
             result[name] = dataclasses.replace(stage, parent=parent, deps=deps)

@@ -104,9 +104,18 @@ def stage_inputs(manifest: Manifest, stage: Stage, target: str) -> dict[str, Any
 
 def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
               statuses: Mapping[str, Status] | None = None) -> Plan:
+    if registry[target].provided if target in registry else False:
+        raise ManifestError(f"{manifest.path}: --target {target}: image.extends = "
+                            f"{manifest.image['extends']!r} already has it; build a stage it "
+                            "lacks, or use that image as it is.")
     names = closure(target, registry)
     inputs = {name: stage_inputs(manifest, registry[name], target) for name in names}
-    context = Context(image=manifest.image, stages=inputs)
+    # Recipes may read the settings of a stage outside this graph (pytorch reads python's
+    # provider when an extended image has python): its table, else its defaults.
+    settings = {name: dict(manifest.stages[name]) if manifest.has_stage(name) else
+                {key: field.default for key, field in stage.fields.items()}
+                for name, stage in registry.items() if name not in inputs}
+    context = Context(image=manifest.image, stages={**settings, **inputs})
     keys: dict[str, str] = {}
     planned: list[PlannedStage] = []
     for name in names:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: imageforge's real pipeline end to end, offline, against the sample upstream.
+# `make demo`: imageforge's real pipeline end to end against the sample upstream.
 # Generates the sample sources, serves them on 127.0.0.1, builds the SMDDP image with
-# BuildKit, runs its smoke checks, then builds again to show that nothing rebuilds.
+# BuildKit, runs its smoke checks, builds again to show that nothing rebuilds, adds the
+# example training code and runs it as a two-host SageMaker training job. The only thing
+# fetched from outside is the SageMaker training toolkit, from PyPI (--ca-bundle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,3 +45,14 @@ $INVOKE build --target smddp --manifest "$MANIFEST" --locked --progress plain
 
 step "invoke build --target smddp, again: nothing should rebuild"
 $INVOKE build --target smddp --manifest "$MANIFEST" --locked --progress plain --no-test
+
+step "invoke build --code examples/train --program train.py: the training code, one cheap stage on top"
+image=imageforge/sample-smddp:demo-code
+$INVOKE build --manifest "$MANIFEST" --locked --progress plain --code examples/train \
+    --program train.py --tag "$image"
+
+step "invoke run-local: a two-host SageMaker training job on this machine"
+job=cache/run-local/demo-$(date +%Y%m%d-%H%M%S)
+$INVOKE run-local --image "$image" --hosts 2 --hp epochs=5 --hp lr=0.1 --output "$job"
+echo "model written by algo-1 (it logged in to algo-2 over SSH with the job's key):"
+cat "$job/algo-1/model/model.json"
