@@ -95,6 +95,9 @@ class Stage:
     # Directories of the build host handed to BuildKit as named contexts (the user's code):
     # context name -> (path, sha256 of the tree). The digest must be among the stage's inputs.
     local_dirs: Callable[[Context], Mapping[str, tuple[str, str]]] = lambda ctx: {}
+    # The PyPI project whose releases `lock --upgrade` reads, for a stage pip installs by
+    # name (no URL or git ref to list).
+    pypi_project: str | None = None
     # True for a stage an extended image already has: only its settings remain.
     provided: bool = False
     # Choices worth a warning whenever this stage is planned (a key baked into an image).

@@ -149,6 +149,8 @@ def _upgrade(manifest: Manifest, stage: Stage, policy: str, endpoints: Endpoints
 def releases(manifest: Manifest, stage: Stage, endpoints: Endpoints) -> Listing:
     """Every release of `stage` its upstream lists."""
     inputs = manifest.stages[stage.name]
+    if stage.pypi_project:
+        return pypi_releases(stage.pypi_project, endpoints)
     if "ref" in stage.fields:
         return git_releases(str(inputs["repo"]), str(template(manifest, stage, "ref")),
                             endpoints)
@@ -275,14 +277,28 @@ def _pypi_releases(url_template: str, filename: str, endpoints: Endpoints) -> Li
     if not project:
         raise ManifestError(f"{url_template}: cannot tell the PyPI project from the file name; "
                             "name the file <project>-{version}-... as PyPI does.")
+    source, releases = _pypi_project(project, endpoints)
+    return _listing(source, (version for version, files in releases.items()
+                             if _has_file(files, _render(filename, version))))
+
+
+def pypi_releases(project: str, endpoints: Endpoints) -> Listing:
+    """Releases of a package pip installs by name: those with a file not yanked."""
+    source, releases = _pypi_project(project, endpoints)
+    return _listing(source, (version for version, files in releases.items()
+                             if isinstance(files, list) and any(
+                                 isinstance(f, dict) and not f.get("yanked") for f in files)))
+
+
+def _pypi_project(project: str, endpoints: Endpoints) -> tuple[str, dict[str, Any]]:
+    """PyPI's JSON page of `project`: where it is, and its releases by version."""
     normalized = re.sub(r"[-_.]+", "-", project).lower()
     source = f"{PYPI}/pypi/{normalized}/json"
     url = f"{endpoints.pypi.rstrip('/')}/pypi/{normalized}/json"
     answer = _json(_get(endpoints.locate(url), headers={}, policy=endpoints.policy,
                         what=source), source)
     releases = answer.get("releases", {}) if isinstance(answer, dict) else {}
-    return _listing(source, (version for version, files in releases.items()
-                             if _has_file(files, _render(filename, version))))
+    return source, releases if isinstance(releases, dict) else {}
 
 
 def _has_file(files: Any, filename: str) -> bool:

@@ -13,6 +13,7 @@ BuildKit cache mount on the build host, so a rebuild does not fetch them again.
 
 # Parameters
 version: sagemaker-training version.
+policy: versions `invoke lock --upgrade` (and the nightly) may move it to, read from PyPI.
 packages: pip requirements installed with it (seed: the PyTorch container package).
 module: the framework entry point `train` runs (SAGEMAKER_TRAINING_MODULE).
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from imageforge.dockerfile import CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT, USE_CA_BUNDLE, run, sh
-from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage
+from imageforge.stage import EXPORT_ROOT, POLICY, Check, Context, Field, Stage
 
 PREFIX = "/opt/conda"
 
@@ -74,6 +75,7 @@ STAGE = Stage(
     parent="python",
     fields={
         "version": Field(kind="version", default="5.1.4", help="sagemaker-training version"),
+        "policy": POLICY,
         "packages": Field(kind="packages", default=["sagemaker-pytorch-training==3.0.0"],
                           help="pip requirements installed with the toolkit"),
         "module": Field(kind="entry_point", default="sagemaker_pytorch_container.training:main",
@@ -82,4 +84,5 @@ STAGE = Stage(
     recipe=recipe,
     env=env,
     checks=checks,
+    pypi_project="sagemaker-training",
 )

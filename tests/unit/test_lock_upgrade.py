@@ -23,6 +23,7 @@ pytestmark = pytest.mark.usefixtures("isolated_git")
 EFA_POLICY = {"[stages.efa]\n": '[stages.efa]\npolicy = "~=1.14"\n'}
 NCCL_POLICY = ("stages.nccl.version=2.10.3", "stages.nccl.policy=>=2.10,<2.12")
 TOKEN = "ghp_secret_token_value_1234"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -211,3 +212,20 @@ def test_an_empty_listing_names_the_listing(api: ScriptedServer) -> None:
     api.route("/files/", b"<html><body>nothing here</body></html>")
     with pytest.raises(SourceError, match=r"/files/ lists no release"):
         upstream.url_releases(api.url("/files/x-{version}.tgz"), Endpoints())
+
+
+def test_a_pip_installed_stage_upgrades_from_its_pypi_releases(api: ScriptedServer) -> None:
+    answer = {"releases": {
+        "5.1.4": [{"filename": "sagemaker_training-5.1.4.tar.gz"}],
+        "5.2.0": [{"filename": "sagemaker_training-5.2.0.tar.gz", "yanked": True}],
+        "5.1.9": [{"filename": "sagemaker_training-5.1.9.tar.gz"}],
+        "6.0.0": [{"filename": "sagemaker_training-6.0.0.tar.gz"}],
+        "5.3.0": [],
+    }}
+    api.route("/pypi/sagemaker-training/json", json.dumps(answer).encode())
+    manifest = load(ROOT / "manifests" / "smddp.toml",
+                    ("stages.sagemaker-training.policy=~=5.1",), registry=STAGES)
+    found = upstream.upgrades(manifest, STAGES, ["sagemaker-training"],
+                              Endpoints(pypi=api.url("")))
+    assert [(u.stage, u.old, u.new) for u in found] == [("sagemaker-training", "5.1.4", "5.1.9")]
+    assert found[0].source == "https://pypi.org/pypi/sagemaker-training/json"
