@@ -195,7 +195,10 @@ class ArtifactStore:
         # Rename first so a reader never sees half an entry.
         doomed = self.tmp / f"removed-{key_hex(key)}-{uuid.uuid4().hex[:8]}"
         self.tmp.mkdir(parents=True, exist_ok=True)
-        os.rename(path, doomed)
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return  # another process removed it first
         shutil.rmtree(doomed, ignore_errors=True)
         self.collect_garbage()
 
@@ -236,7 +239,9 @@ class ArtifactStore:
         names: dict[str, int] = {}
         for e in entries if entries is not None else self.all_entries():
             for blob in _blob_files(e.path):
-                names[blob.name] = blob.stat().st_size
+                # Another process may be removing the entry: what is gone takes no space.
+                with contextlib.suppress(FileNotFoundError):
+                    names[blob.name] = blob.stat().st_size
         return sum(names.values())
 
     def collect_garbage(self) -> None:
@@ -244,8 +249,10 @@ class ArtifactStore:
         if not self.blobs.exists():
             return
         for blob in self.blobs.iterdir():
-            if blob.stat().st_nlink == 1:
-                blob.unlink(missing_ok=True)
+            # Two processes may collect at once: a blob the other one took is already done.
+            with contextlib.suppress(FileNotFoundError):
+                if blob.stat().st_nlink == 1:
+                    blob.unlink(missing_ok=True)
 
     def cleanup(self) -> None:
         """Remove work directories of processes that are gone (killed builds)."""
@@ -275,8 +282,11 @@ class ArtifactStore:
 
 def _blob_files(layout: Path) -> Iterator[Path]:
     directory = layout / "blobs" / "sha256"
-    if directory.exists():
-        yield from sorted(p for p in directory.iterdir() if p.is_file())
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return  # no blobs, or another process is removing the entry
+    yield from (p for p in (directory / name for name in names) if p.is_file())
 
 
 def _stamp(blob: Path) -> list[int]:
