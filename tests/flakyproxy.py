@@ -4,7 +4,7 @@ It passes requests through until `trigger` has matched `after` requests, then an
 next `errors` requests with 500 Internal Server Error, then closes its sockets: the registry
 "goes down" in the middle of whatever the client was doing.
 
-    with FlakyProxy("127.0.0.1:5000", trigger=is_blob_upload, after=1, errors=3) as proxy:
+    with FlakyProxy("127.0.0.1:5000", trigger=blob_upload, after=1, errors=3) as proxy:
         push_to(f"{proxy.address}/cache")
         assert proxy.down.is_set()
 """
@@ -12,6 +12,7 @@ next `errors` requests with 500 Internal Server Error, then closes its sockets: 
 from __future__ import annotations
 
 import http.client
+import io
 import socket
 import threading
 from collections.abc import Callable
@@ -110,6 +111,7 @@ def _handler_for(proxy: FlakyProxy) -> type[BaseHTTPRequestHandler]:
         def handle_one_request(self) -> None:
             # Docker tries TLS first and falls back to plain HTTP only when the answer to its
             # ClientHello starts with "HTTP/", as a real registry's does.
+            assert isinstance(self.rfile, io.BufferedReader)
             if self.rfile.peek(1)[:1] == b"\x16":
                 self.wfile.write(b"HTTP/1.0 400 Bad Request\r\n\r\n")
                 self.close_connection = True
@@ -135,7 +137,7 @@ def _handler_for(proxy: FlakyProxy) -> type[BaseHTTPRequestHandler]:
 
         def _read_body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                chunks = []
+                chunks: list[bytes] = []
                 while True:
                     size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                     if size == 0:
