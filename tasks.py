@@ -50,6 +50,9 @@ def boundary(func: F) -> F:
         # CI cancels jobs with SIGTERM: unwind like Ctrl-C, so downloads, builds and cache
         # writes clean up after themselves instead of dying mid-write.
         signal.signal(signal.SIGTERM, _terminate)
+        # A shell starts background jobs with SIGINT ignored, and Python keeps it so: Ctrl-C
+        # (or a CI runner's SIGINT) must still stop a run that way, cleaning up.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return func(*args, **kwargs)
         except FatalError as exc:
