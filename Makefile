@@ -30,7 +30,7 @@ host-tools:
 	    libtool gnupg graphviz)
 
 test: setup host-tools docker
-	$(BIN)/pytest -q tests/unit tests/integration
+	$(BIN)/pytest -q --durations=15 tests/unit tests/integration
 
 unit: setup host-tools
 	$(BIN)/pytest -q tests/unit
