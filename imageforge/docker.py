@@ -10,6 +10,19 @@ from imageforge.errors import DockerError
 
 
 def ensure_ready(builder: str | None = None) -> None:
+    ensure_daemon()
+    buildx = docker("buildx", "version", timeout=30)
+    if buildx.returncode != 0:
+        raise DockerError("docker buildx is not installed; install the buildx plugin "
+                          "(scripts/setup-host.sh does on Debian) and retry.")
+    if builder:
+        inspect = docker("buildx", "inspect", builder, timeout=30)
+        if inspect.returncode != 0:
+            raise DockerError(f"--builder {builder}: no such buildx builder; "
+                              "see `docker buildx ls`.")
+
+
+def ensure_daemon() -> None:
     try:
         info = docker("info", "--format", "{{json .ServerVersion}}", timeout=30)
     except subprocess.TimeoutExpired:
@@ -20,15 +33,6 @@ def ensure_ready(builder: str | None = None) -> None:
         raise DockerError("the Docker daemon is not running or not reachable "
                           f"({detail[-1] if detail else 'docker info failed'}); start it "
                           "(scripts/setup-host.sh does on Debian) and retry.")
-    buildx = docker("buildx", "version", timeout=30)
-    if buildx.returncode != 0:
-        raise DockerError("docker buildx is not installed; install the buildx plugin "
-                          "(scripts/setup-host.sh does on Debian) and retry.")
-    if builder:
-        inspect = docker("buildx", "inspect", builder, timeout=30)
-        if inspect.returncode != 0:
-            raise DockerError(f"--builder {builder}: no such buildx builder; "
-                              "see `docker buildx ls`.")
 
 
 def image_labels(ref: str) -> dict[str, str]:

@@ -29,7 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from imageforge.cmd import docker, docker_binary
+from imageforge.cmd import docker_binary
+from imageforge.docker import ensure_daemon
 from imageforge.errors import DockerError, FatalError, TrainingJobError
 
 LABEL = "imageforge.run-local.job"
@@ -318,14 +319,7 @@ def _error_message(lines: Sequence[str]) -> str:
 # --- running --------------------------------------------------------------------------------
 
 def ensure_image(image: str) -> None:
-    try:
-        info = docker("info", "--format", "{{json .ServerVersion}}", timeout=30)
-    except subprocess.TimeoutExpired:
-        raise DockerError("the Docker daemon does not answer (docker info timed out); "
-                          "restart it and retry.") from None
-    if info.returncode != 0:
-        raise DockerError("the Docker daemon is not running or not reachable; start it "
-                          "(scripts/setup-host.sh does on Debian) and retry.")
+    ensure_daemon()
     if _quiet("image", "inspect", image).returncode != 0:
         raise DockerError(f"image {image} is not in the local Docker image store; build it "
                           "(invoke build) or load it first: run-local never pulls.")
