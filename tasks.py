@@ -120,6 +120,9 @@ def plan(c: Context, target: str = "smddp", manifest: str | None = None,
         print(jsonlib.dumps(planned.to_json(project.manifest_label(s.manifest)), indent=2))
         return
     print(f"target {planned.target}  manifest {project.manifest_label(s.manifest)}")
+    extended = planned.manifest.image.get("extends")
+    if extended:
+        print(f"on {extended}, which already has: {', '.join(planned.manifest.image['provides'])}")
     print(f"{'stage':<18} {'status':<7} {'version':<12} {'key':<19} deps")
     for st in planned.stages:
         version = str(st.inputs.get("version") or "-")
