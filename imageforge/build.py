@@ -143,7 +143,10 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
         _print_dry_run(settings, planned, options)
         return None
     ensure_ready(options.builder)
-    extends.require_same_image(planned.manifest)
+    engine = builder_args(options.builder)
+    if engine[0] == "--context" or not options.builder:
+        # A docker-container builder has no image store of its own to compare with.
+        extends.require_same_image(planned.manifest, engine[1] if options.builder else None)
     for _ in range(5):
         building = to_build(planned)
         using = reused(planned, building)

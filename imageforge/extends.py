@@ -89,7 +89,7 @@ class Inspected:
 def inspect(ref: str, stages: Mapping[str, Stage]) -> Inspected:
     """REF's digest and the stages its labels say it holds: from the local image store, else
     from its registry."""
-    digest, labels = _local(ref)
+    digest, labels = local_image(ref)
     local = labels is not None and "@" not in ref and _remote(ref)[1] is None
     if labels is None:
         digest, labels = _remote(ref)
@@ -102,8 +102,12 @@ def inspect(ref: str, stages: Mapping[str, Stage]) -> Inspected:
     return Inspected(digest=digest, local=local, provides=names, versions=versions)
 
 
-def _local(ref: str) -> tuple[str | None, dict[str, str] | None]:
-    result = docker("image", "inspect", "--format", "{{json .}}", ref, timeout=60)
+def local_image(ref: str, context: str | None = None
+                ) -> tuple[str | None, dict[str, str] | None]:
+    """The ID and labels of `ref` in the image store of the current engine (or of the
+    docker context `context`); Nones when it has no such image."""
+    engine = ("--context", context) if context else ()
+    result = docker(*engine, "image", "inspect", "--format", "{{json .}}", ref, timeout=60)
     if result.returncode != 0:
         return None, None
     data = json.loads(result.stdout)
@@ -155,13 +159,16 @@ def with_provides(manifest: Manifest, names: Sequence[str],
     return dataclasses.replace(manifest, image=image)
 
 
-def require_same_image(manifest: Manifest) -> None:
-    """Refuse to build on a local extended image that is no longer the one locked."""
+def require_same_image(manifest: Manifest, context: str | None = None) -> None:
+    """Refuse to build on a local base (or extended) image that is no longer the one the
+    lock pins: the keys would claim the old one. `context`: the docker context whose engine
+    builds."""
     wanted = manifest.image.get("base_image_id")
     if not wanted:
         return
-    ref = str(manifest.image["extends"])
-    found, _ = _local(ref)
+    ref = str(manifest.image["base"])
+    found, _ = local_image(ref, context)
     if found != wanted:
-        raise DockerError(f"image.extends = {ref!r} is {found or 'gone'} here, not the image "
-                          f"{wanted} the lock pins; run `invoke lock` to extend the new one.")
+        key = "image.extends" if manifest.image.get("extends") else "image.base"
+        raise DockerError(f"{key} = {ref!r} is {found or 'gone'} here, not the image "
+                          f"{wanted} the lock pins; run `invoke lock` to build on this one.")

@@ -52,6 +52,9 @@ class Lock:
     # When these pins were first resolved: images built from this lock carry it as their
     # creation time (SOURCE_DATE_EPOCH), so the same pins give the same image config.
     source_date_epoch: int | None = None
+    # The local image ID of a base image no registry has (built here, like the sample's):
+    # it pins the keys, so stages built on an older image of the same tag are not reused.
+    base_image_id: str | None = None
     # image.extends: {"ref", "digest", "provides", "versions"} as its labels said.
     extends: Mapping[str, Any] | None = None
 
@@ -61,7 +64,8 @@ class Lock:
             "manifest": manifest.path.name,
             "manifest_digest": self.manifest_digest,
             "source_date_epoch": self.source_date_epoch,
-            "base": {"ref": manifest.image["base"], "digest": self.base_digest},
+            "base": {"ref": manifest.image["base"], "digest": self.base_digest,
+                     **({"id": self.base_image_id} if self.base_image_id else {})},
             "nccl_pytorch_pin": dict(self.nccl_pin) if self.nccl_pin else None,
             **({"extends": dict(self.extends)} if self.extends else {}),
             "upgraded": {k: dict(v) for k, v in sorted(self.upgraded.items())},
@@ -87,6 +91,7 @@ def read(path: Path) -> Lock | None:
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}")
         lock = Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
+                    base_image_id=data["base"].get("id"),
                     sources=data["stages"], nccl_pin=data.get("nccl_pytorch_pin"),
                     upgraded=data.get("upgraded") or {},
                     source_date_epoch=data.get("source_date_epoch"),
@@ -116,6 +121,8 @@ def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) 
     image = dict(manifest.image)
     if not image.get("base_digest") and lock.base_digest:
         image["base_digest"] = lock.base_digest
+    elif not image.get("base_digest") and not image.get("base_image_id") and lock.base_image_id:
+        image["base_image_id"] = lock.base_image_id
     if lock.extends and image.get("extends"):
         manifest = extends.with_provides(dataclasses.replace(manifest, image=image),
                                          lock.extends["provides"], lock.extends)
@@ -187,8 +194,11 @@ def resolve(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCach
         for source in registry[name].sources(context):
             entry = _resolve_source(source, cache, old.get(name, {}).get(source.name))
             resolved.setdefault(name, {})[source.name] = entry
-    base_digest = manifest.image.get("base_digest") or _base_digest(str(manifest.image["base"]))
-    return Lock(manifest_digest=manifest.digest(), base_digest=base_digest, sources=resolved,
+    base = str(manifest.image["base"])
+    base_digest = manifest.image.get("base_digest") or _base_digest(base)
+    base_id = None if base_digest else manifest.image.get("base_image_id") or _local_id(base)
+    return Lock(manifest_digest=manifest.digest(), base_digest=base_digest,
+                base_image_id=base_id, sources=resolved,
                 nccl_pin=dataclasses.asdict(pin) if pin else None, upgraded=upgraded)
 
 
@@ -286,6 +296,14 @@ def _base_digest(ref: str) -> str | None:
     return digest if isinstance(digest, str) and digest.startswith("sha256:") else None
 
 
+def _local_id(ref: str) -> str | None:
+    """The image ID of a base image only the local image store has, or None."""
+    try:
+        return extends.local_image(ref)[0]
+    except (FatalError, OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def write(path: Path, lock: Lock, manifest: Manifest) -> None:
     """Atomic: the lock file is replaced whole or left as it was."""
     text = json.dumps(lock.to_json(manifest), indent=2, sort_keys=False) + "\n"
@@ -319,6 +337,8 @@ def diff(old: Lock | None, new: Lock) -> list[str]:
                      f"{new_pin.get('version')} ({new_pin.get('commit')})")
     if (old.base_digest if old else None) != new.base_digest:
         lines.append(f"base: {old.base_digest if old else None} -> {new.base_digest}")
+    elif (old.base_image_id if old else None) != new.base_image_id:
+        lines.append(f"base image: {old.base_image_id if old else None} -> {new.base_image_id}")
     return lines
 
 

@@ -191,6 +191,17 @@ def test_extending_an_image_builds_only_what_its_labels_lack(
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
     model = json.loads((tmp_path / "job/algo-1/model/model.json").read_text())
     assert model["weight"] == pytest.approx(fit(2, 0.5))
+    # The tag now names another image: building on it under the old lock is refused.
+    moved = f"imageforge-test/contract:moved-{tmp_path.name}"
+    subprocess.run(["docker", "tag", base, moved], check=True)
+    manifest.write_text(manifest.read_text().replace(base, moved))
+    assert invoke("lock", "--manifest", str(manifest), cache=cache_dir).returncode == 0
+    subprocess.run(["docker", "tag", "imageforge/base:bookworm", moved], check=True)
+    refused = invoke("build", "--manifest", str(manifest), "--target", "code", cache=cache_dir)
+    subprocess.run(["docker", "rmi", moved], check=True, capture_output=True)
+    assert refused.returncode == 6, refused.stderr
+    assert f"image.extends = '{moved}' is sha256:" in refused.stderr
+    assert "run `invoke lock`" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_extending_with_declared_stages_builds_smddp_and_code_on_top(

@@ -284,3 +284,27 @@ def test_a_stage_the_extended_image_has_is_no_target(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match=r"--target pytorch: image\.extends = .* already "
                                             r"has it"):
         planned((), target="pytorch", manifest=extended(tmp_path, PYTORCH_IMAGE))
+
+
+def test_a_local_base_image_is_pinned_by_its_id(tmp_path: Path) -> None:
+    """A base only this machine has (like the sample's) has no registry digest: its image ID
+    pins the keys, so stages built on an older image of the same tag are not reused."""
+    raw = load(SMDDP, (), registry=STAGES)
+    ids = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]
+    keys = []
+    for image_id in ids:
+        locked = lock.Lock(manifest_digest=raw.digest(), base_digest=None, sources={},
+                           base_image_id=image_id)
+        path = tmp_path / "m.lock.json"
+        lock.write(path, locked, raw)
+        again = lock.read(path)
+        assert again is not None and again.base_image_id == image_id
+        applied = lock.apply(raw, again, STAGES)
+        plan = make_plan(applied, "smddp", STAGES)
+        assert "@sha256" not in plan.stage("base").recipe
+        keys.append({s.name: s.key for s in plan.stages})
+    assert all(keys[0][name] != keys[1][name] for name in keys[0])
+    assert lock.diff(lock.Lock(manifest_digest="", base_digest=None, sources={},
+                               base_image_id=ids[0]),
+                     lock.Lock(manifest_digest="", base_digest=None, sources={},
+                               base_image_id=ids[1])) == [f"base image: {ids[0]} -> {ids[1]}"]
