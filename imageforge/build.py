@@ -25,7 +25,7 @@ from imageforge import bakefail, codedir, extends, project
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary
-from imageforge.docker import ensure_ready
+from imageforge.docker import LABEL_PREFIX, ensure_ready
 from imageforge.dockerfile import CA_BUNDLE_SECRET
 from imageforge.errors import BuildError, CacheError, Interrupted, LockError
 from imageforge.execute import LayerCache, Run, bake_file, make_run, reused, to_build
@@ -35,8 +35,6 @@ from imageforge.plan import Plan
 from imageforge.progress import BuildProgress, Mode, read_statuses
 from imageforge.remote import Remote
 from imageforge.sources import Source, SourceCache
-
-LABEL_PREFIX = "io.imageforge"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +104,3 @@ def snapshot(root: Path, digest: str, cache: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
-
-def local_dirs(contexts: Mapping[str, str], cache: Path,
-               digests: Mapping[str, str]) -> dict[str, str]:
-    """Snapshots of the host directories a build hands to BuildKit, by context name."""
-    return {name: str(snapshot(Path(path), digests[name], cache))
-            for name, path in contexts.items()}

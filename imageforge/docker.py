@@ -8,6 +8,9 @@ import subprocess
 from imageforge.cmd import docker
 from imageforge.errors import DockerError
 
+# Labels imageforge puts on images: <prefix>.key.<stage>, <prefix>.version.<stage>, ...
+LABEL_PREFIX = "io.imageforge"
+
 
 def ensure_ready(builder: str | None = None) -> None:
     ensure_daemon()
@@ -40,6 +43,19 @@ def image_labels(ref: str) -> dict[str, str]:
     if result.returncode != 0:
         raise DockerError(f"image {ref} is not in the local Docker image store; build it first.")
     return json.loads(result.stdout or b"null") or {}
+
+
+def local_image(ref: str, context: str | None = None
+                ) -> tuple[str | None, dict[str, str] | None]:
+    """The ID and labels of `ref` in the image store of the current engine (or of the
+    docker context `context`); Nones when it has no such image."""
+    engine = ("--context", context) if context else ()
+    result = docker(*engine, "image", "inspect", "--format", "{{json .}}", ref, timeout=60)
+    if result.returncode != 0:
+        return None, None
+    data = json.loads(result.stdout)
+    labels = (data.get("Config") or {}).get("Labels") or {}
+    return str(data.get("Id") or "") or None, dict(labels)
 
 
 def image_exists(ref: str) -> bool:

@@ -16,12 +16,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from imageforge.cmd import docker
+from imageforge.docker import LABEL_PREFIX, local_image
 from imageforge.errors import DockerError, ManifestError
 from imageforge.manifest import Manifest
 from imageforge.stage import Stage
 
-KEY_LABEL = "io.imageforge.key."
-VERSION_LABEL = "io.imageforge.version."
+KEY_LABEL = f"{LABEL_PREFIX}.key."
+VERSION_LABEL = f"{LABEL_PREFIX}.version."
 BASE = "base"
 
 
@@ -100,20 +101,6 @@ def inspect(ref: str, stages: Mapping[str, Stage]) -> Inspected:
     versions = {n: labels[f"{VERSION_LABEL}{n}"] for n in names
                 if f"{VERSION_LABEL}{n}" in labels}
     return Inspected(digest=digest, local=local, provides=names, versions=versions)
-
-
-def local_image(ref: str, context: str | None = None
-                ) -> tuple[str | None, dict[str, str] | None]:
-    """The ID and labels of `ref` in the image store of the current engine (or of the
-    docker context `context`); Nones when it has no such image."""
-    engine = ("--context", context) if context else ()
-    result = docker(*engine, "image", "inspect", "--format", "{{json .}}", ref, timeout=60)
-    if result.returncode != 0:
-        return None, None
-    data = json.loads(result.stdout)
-    labels = (data.get("Config") or {}).get("Labels") or {}
-    digest = str(data.get("Id") or "") or None
-    return digest, dict(labels)
 
 
 def _remote(ref: str) -> tuple[str | None, dict[str, str] | None]:

@@ -25,6 +25,7 @@ from imageforge import extends, gitsource, tarcheck, upstream
 from imageforge.cmd import run
 from imageforge.compat import image_cuda
 from imageforge.dag import closure
+from imageforge.docker import local_image
 from imageforge.download import download, redact
 from imageforge.errors import FatalError, LockError, ManifestError
 from imageforge.manifest import Manifest, with_versions
@@ -299,7 +300,7 @@ def _base_digest(ref: str) -> str | None:
 def _local_id(ref: str) -> str | None:
     """The image ID of a base image only the local image store has, or None."""
     try:
-        return extends.local_image(ref)[0]
+        return local_image(ref)[0]
     except (FatalError, OSError, subprocess.TimeoutExpired):
         return None
 

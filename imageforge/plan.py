@@ -104,7 +104,7 @@ def stage_inputs(manifest: Manifest, stage: Stage, target: str) -> dict[str, Any
 
 def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
               statuses: Mapping[str, Status] | None = None) -> Plan:
-    if registry[target].provided if target in registry else False:
+    if target in registry and registry[target].provided:
         raise ManifestError(f"{manifest.path}: --target {target}: image.extends = "
                             f"{manifest.image['extends']!r} already has it; build a stage it "
                             "lacks, or use that image as it is.")

@@ -14,17 +14,16 @@ from typing import Any
 import pytest
 import requests
 
-from sample.generate import NCCL_FIX_LABEL, generate
+from sample.generate import NCCL_FIX_LABEL
 from sample.serve import ByteRange, ServerHandle, parse_range, start_server
 
 WHEEL = "smdistributed_dataparallel-1.4.0-cp311-cp311-linux_x86_64.whl"
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("upstream")
-    generate(out)
-    return out
+def upstream(sample_dir: Path) -> Path:
+    """The session's sample upstream (tests/unit/conftest.py); these tests only read it."""
+    return sample_dir
 
 
 @pytest.fixture(scope="module")
