@@ -24,10 +24,7 @@ docker:
 # The sample upstream's unit tests build its aws-ofi-nccl (autotools) on the host; the
 # signature tests make and check OpenPGP signatures with gpg.
 host-tools:
-	@command -v autoreconf >/dev/null && command -v libtoolize >/dev/null && command -v gpg >/dev/null \
-	  && command -v dot >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq autoconf automake \
-	    libtool gnupg graphviz)
+	scripts/host-tools.sh
 
 test: setup host-tools docker
 	$(BIN)/pytest -q --durations=15 tests/unit tests/integration

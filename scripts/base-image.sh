@@ -7,6 +7,8 @@
 # bookworm (minbase + the toolchain below) into a temp dir under /var/tmp and `docker import`s it.
 # Needs root and a running daemon (scripts/setup-host.sh).
 set -euo pipefail
+# shellcheck source=lib/apt-safe.sh
+. "$(dirname "$0")/lib/apt-safe.sh"
 
 IMAGE=${1:-imageforge/base:bookworm}
 SUITE=bookworm
@@ -45,9 +47,9 @@ mirror=${mirror:-http://deb.debian.org/debian}
 
 if ! command -v debootstrap >/dev/null; then
     log "installing debootstrap"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq debootstrap >/dev/null 2>&1 ||
-        { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
+    # From this machine's own release; refused if any installed package would change.
+    apt-get update -qq
+    apt_safe_install debootstrap || die "debootstrap was not installed (see above)"
 fi
 
 work=$(mktemp -d /var/tmp/imageforge-base.XXXXXX)

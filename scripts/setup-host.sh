@@ -2,15 +2,28 @@
 # Make this machine ready for real Docker builds: Docker Engine + BuildKit + buildx + compose.
 #
 # Usage: scripts/setup-host.sh        (no arguments; idempotent)
+#        APT_SAFE_SIMULATE=1 scripts/setup-host.sh
+#                                     only simulate the apt step (what the tests run): prints the
+#                                     packages it would add and exits 1 if any installed one
+#                                     would change
 #
-#   - docker buildx and a reachable daemon already there (e.g. Docker Desktop): does nothing.
-#   - engine/buildx/compose missing (bare Debian 12): installs them from Debian trixie, pinned so
-#     nothing else gets upgraded (bookworm's docker.io 20.10 has no buildx).
+# What it changes, and only when something is missing:
+#   - docker buildx and a reachable daemon already there (e.g. Docker Desktop): nothing.
+#   - engine/buildx/compose missing (bare Debian 12): adds the apt source
+#     /etc/apt/sources.list.d/imageforge-trixie.sources (Debian trixie, same mirror) and the pin
+#     /etc/apt/preferences.d/imageforge-trixie (priority 100: trixie is never chosen unless a
+#     package names it), then installs docker.io, docker-buildx, containerd and docker-compose
+#     from trixie, naming the release per package (bookworm's docker.io 20.10 has no buildx).
+#     Every other new dependency comes from the machine's own release, and no installed package
+#     changes version: the install is simulated first and refused if it would
+#     (scripts/lib/apt-safe.sh).
 #   - daemon installed but not running (no systemd): starts containerd then dockerd in the
 #     background, logging to /var/log/imageforge-{containerd,dockerd}.log.
-#   - enables the containerd image store in /etc/docker/daemon.json (needed by the default
-#     buildx driver for cache export).
+#   - sets features.containerd-snapshotter=true in /etc/docker/daemon.json, keeping its other
+#     keys (the containerd image store lets the default buildx driver export cache).
 set -euo pipefail
+# shellcheck source=lib/apt-safe.sh
+. "$(dirname "$0")/lib/apt-safe.sh"
 
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"   # dockerd/containerd live in sbin
 DOCKERD_LOG=/var/log/imageforge-dockerd.log
@@ -36,7 +49,10 @@ debian_mirror() {
     echo "${m:-http://deb.debian.org/debian}"
 }
 
-if docker buildx version >/dev/null 2>&1 && daemon_up; then
+TRIXIE_PACKAGES=(docker.io/trixie docker-buildx/trixie containerd/trixie docker-compose/trixie)
+SIMULATE=${APT_SAFE_SIMULATE:-0}
+
+if [ "$SIMULATE" != 1 ] && docker buildx version >/dev/null 2>&1 && daemon_up; then
     log "docker $(docker info --format '{{.ServerVersion}}') with buildx already available; nothing to do"
     exit 0
 fi
@@ -48,10 +64,18 @@ command -v containerd >/dev/null || missing+=(containerd)
 docker buildx version >/dev/null 2>&1 || missing+=(buildx)
 docker compose version >/dev/null 2>&1 || missing+=(compose)
 
+if [ "$SIMULATE" = 1 ]; then
+    missing=(simulated)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     need_root "install ${missing[*]}"
     mirror=$(debian_mirror)
-    log "installing docker.io docker-buildx containerd docker-compose from trixie ($mirror; missing: ${missing[*]})"
+    release=$(. /etc/os-release; echo "${VERSION_CODENAME:-this release}")
+    log "missing: ${missing[*]}. This will:"
+    log "  add apt source /etc/apt/sources.list.d/imageforge-trixie.sources (trixie main from $mirror)"
+    log "  add apt pin /etc/apt/preferences.d/imageforge-trixie (trixie at priority 100: used only when named)"
+    log "  install ${TRIXIE_PACKAGES[*]}; their other new dependencies from $release; no installed package changes"
+    log "  set features.containerd-snapshotter=true in $DAEMON_JSON and start containerd + dockerd"
     t0=$SECONDS
     cat > /etc/apt/sources.list.d/imageforge-trixie.sources <<EOF
 Types: deb
@@ -60,7 +84,7 @@ Suites: trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
-    # Priority 100: trixie packages are only used when asked for with -t trixie.
+    # Priority 100: a trixie package is installed only when named as PKG/trixie.
     cat > /etc/apt/preferences.d/imageforge-trixie <<EOF
 Package: *
 Pin: release n=trixie
@@ -68,7 +92,10 @@ Pin-Priority: 100
 EOF
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq -t trixie docker.io docker-buildx containerd docker-compose >/dev/null
+    if [ "$SIMULATE" = 1 ]; then
+        apt_safe_install "${TRIXIE_PACKAGES[@]}" && exit 0 || exit 1
+    fi
+    apt_safe_install "${TRIXIE_PACKAGES[@]}" || die "Docker was not installed (see above)"
     hash -r
     # An older docker client earlier on PATH may not search /usr/libexec/docker/cli-plugins;
     # every client since 19.03 searches /usr/local/lib/docker/cli-plugins.
