@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.checks import NEEDS_HARDWARE, CheckResult, CheckRun
+from imageforge.smoke import VERSION_MARK
 
 LABELS = {"ok": "ok", "fail": "FAIL", "skipped": NEEDS_HARDWARE}
 # Characters XML 1.0 cannot carry (terminal escapes in check output, for one).
@@ -25,11 +26,36 @@ def table(run: CheckRun) -> str:
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(3)]
     lines = [f"{s:<{widths[0]}}  {c:<{widths[1]}}  {r:<{widths[2]}}  {t:>7}"
              for s, c, r, t in [head, *rows]]
+    found = versions(run)
+    if found:
+        lines.append("\n" + versions_table(found))
     for failed in run.failed:
         lines.append(f"\n--- FAIL {failed.stage}: {failed.name}")
         lines += [f"    {line}" for line in (failed.output or "(no output)").splitlines()]
     lines.append(f"\n{run.image} ({run.digest}): {summary(run)} in {run.seconds:.1f}s")
     return "\n".join(lines)
+
+
+def versions(run: CheckRun) -> list[dict[str, str]]:
+    """The versions report: what each version check read from inside the image."""
+    rows = []
+    for result in run.results:
+        for line in result.output.splitlines():
+            if line.startswith(VERSION_MARK + "|"):
+                _, component, pinned, found = [*line.split("|", 3), "", "", ""][:4]
+                match = "-" if pinned == "-" else ("yes" if result.result == "ok" else "NO")
+                rows.append({"stage": result.stage, "component": component, "pinned": pinned,
+                             "found": found, "match": match})
+    return rows
+
+
+def versions_table(rows: list[dict[str, str]]) -> str:
+    head = {"component": "component", "pinned": "pinned", "found": "in the image",
+            "match": "match"}
+    keys = list(head)
+    widths = {k: max(len(r[k]) for r in [head, *rows]) for k in keys}
+    return "\n".join("  ".join(f"{r[k]:<{widths[k]}}" for k in keys).rstrip()
+                     for r in [head, *rows])
 
 
 def summary(run: CheckRun) -> str:
@@ -45,6 +71,7 @@ def to_json(run: CheckRun) -> dict[str, Any]:
     data = dataclasses.asdict(run)
     data["passed"] = not run.failed
     data["results"] = [_result_json(r) for r in run.results]
+    data["versions"] = versions(run)
     return data
 
 

@@ -69,3 +69,48 @@ def one_visible(name: str) -> str:
         'echo "$found"',
         '[ "$count" -eq 1 ]',
     ])
+
+
+# A line a check prints for the versions report: `invoke test-image` collects them into a table
+# (component, pinned, found in the image). Parsed by checkreport.versions.
+VERSION_MARK = "imageforge-version"
+
+
+def reports_version(component: str, probe: str, pinned: str | None) -> str:
+    """Run `probe` (a script printing one version), report it, and fail when a pinned version
+    is given and the image has another (a prefix match: pinned "1.17" accepts "1.17.0")."""
+    lines = [
+        f"found=$( {probe} )",
+        'found=$(printf %s "$found" | head -n 1 | tr -d "[:space:]")',
+        f'echo "{VERSION_MARK}|{component}|{pinned or "-"}|${{found:-none}}"',
+        '[ -n "$found" ] || { echo "no version found"; exit 1; }',
+    ]
+    if pinned:
+        lines.append(f'case "$found" in {sh(pinned)}|{sh(pinned)}.*) ;; *) echo '
+                     f'"{component} is $found in the image, pinned {pinned}"; exit 1;; esac')
+    return "\n".join(lines)
+
+
+# ncclGetVersion of the libnccl a process actually maps after dlopen("libnccl.so.2"), by the
+# loader's own search, as a training job would load it.
+LOADED_NCCL = """\
+import ctypes, os
+lib = ctypes.CDLL("libnccl.so.2")
+code = ctypes.c_int()
+assert lib.ncclGetVersion(ctypes.byref(code)) == 0, "ncclGetVersion failed"
+c = code.value
+parts = (c // 10000, c // 100 % 100, c % 100) if c >= 20900 else (c // 1000, c // 100 % 10, c % 100)
+maps = {l.split(None, 5)[5].strip() for l in open("/proc/self/maps") if len(l.split(None, 5)) == 6}
+print(".".join(map(str, parts)), *sorted(p for p in maps if "libnccl" in os.path.basename(p)))
+"""
+
+
+def loaded_nccl() -> str:
+    """Prints the version ncclGetVersion reports, then the libnccl file(s) mapped."""
+    return f'{FIND_PYTHON}; "$py" -c {sh(LOADED_NCCL)}'
+
+
+def header_nccl(include: str) -> str:
+    """The version nccl.h in `include` declares."""
+    return (f"awk '/define NCCL_(MAJOR|MINOR|PATCH) / {{v = v (v ? \".\" : \"\") $3}} "
+            f"END {{print v}}' {sh(include + '/nccl.h')}")

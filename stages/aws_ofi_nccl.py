@@ -1,6 +1,9 @@
 """aws-ofi-nccl: the NCCL net plugin that lets NCCL use libfabric (EFA).
 
-Needs libfabric (the efa stage) and NCCL's headers (the nccl stage), not PyTorch.
+Needs libfabric (the efa stage) and NCCL's headers (the nccl stage), not PyTorch. Built FROM
+the efa stage, which also has the rdma-core libraries libfabric links against. Since 1.5.0 the
+plugin uses its own copy of NCCL's net headers (`--with-nccl` is not passed); since 1.19.0 an
+exported tree gets a `.release_version` file, which autogen.sh needs without `.git`.
 Seed commands: `./autogen.sh && ./configure --with-libfabric=/opt/amazon/efa
 --with-mpi=/opt/amazon/openmpi --with-cuda=/usr/local/cuda --with-nccl=<nccl prefix>
 --prefix=<prefix> && make && make install`; installed through DESTDIR so only the plugin is
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from packaging.version import InvalidVersion, Version
+
 from imageforge import smoke
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source
@@ -33,20 +38,44 @@ def sources(ctx: Context) -> Sequence[Source]:
     return [git_source("aws-ofi-nccl", ctx.of("aws-ofi-nccl"))]
 
 
+# From 1.5.0 the plugin builds against its own copy of NCCL's net headers: --with-nccl is
+# ignored (configure.ac no longer reads it).
+OWN_NCCL_HEADERS = Version("1.5.0")
+# From 1.19.0 autogen.sh takes the version from git or from .release_version (release
+# tarballs carry one); an exported tree has neither and stops with "No version found".
+RELEASE_VERSION_FILE = Version("1.19.0")
+
+
+def release(version: str) -> Version | None:
+    """The plugin release a version names ("1.13.2-aws" -> 1.13.2), None for a branch."""
+    try:
+        return Version(version.removesuffix("-aws"))
+    except InvalidVersion:
+        return None
+
+
 def recipe(ctx: Context) -> str:
     inputs = ctx.of("aws-ofi-nccl")
+    version = str(inputs["version"])
+    plugin = release(version)
     steps = [apt_install(inputs["apt_packages"])] if ctx.image["apt"] else []
+    nccl = ([] if plugin is None or plugin >= OWN_NCCL_HEADERS
+            else [f"--with-nccl={ctx.of('nccl')['prefix']}"])
     configure = sh(
         "./configure",
         "--with-libfabric=/opt/amazon/efa",
         "--with-mpi=/opt/amazon/openmpi",
         f"--with-cuda={ctx.image['cuda_home']}",
-        f"--with-nccl={ctx.of('nccl')['prefix']}",
+        *nccl,
         f"--prefix={inputs['prefix']}",
         *inputs["configure_flags"],
     )
+    version_file = (
+        [f"test -e .release_version || test -e .git || echo {sh(version)} > .release_version"]
+        if plugin is None or plugin >= RELEASE_VERSION_FILE else [])
     steps.append(run(
         "cd /tmp/aws-ofi-nccl",
+        *version_file,
         "./autogen.sh",
         configure,
         'make -j"$(nproc)"',
@@ -65,6 +94,13 @@ def checks(ctx: Context) -> Sequence[Check]:
     return [
         Check(name="plugin links: ldd resolves every dependency", script=smoke.links(sh(plugin))),
         Check(name="plugin dlopens", script=smoke.dlopens(plugin)),
+        # PACKAGE_STRING ("aws-ofi-nccl <version>") is compiled into the plugin's init log line.
+        Check(name="plugin's own version string is the pin",
+              script=smoke.reports_version(
+                  "aws-ofi-nccl",
+                  f"grep -a -o -m 1 'aws-ofi-nccl [0-9][0-9A-Za-z.-]*' {sh(plugin)} "
+                  "| head -n 1 | cut -d' ' -f2",
+                  str(ctx.of("aws-ofi-nccl")["version"]))),
         # The installer's libfabric has the EFA provider; a system libfabric may not.
         Check(name="plugin links EFA's libfabric",
               script=smoke.links_to(plugin, "/opt/amazon/efa/lib/libfabric.so.1")),
@@ -75,6 +111,9 @@ STAGE = Stage(
     name="aws-ofi-nccl",
     doc=__doc__ or "",
     deps=("base", "efa", "nccl"),
+    # Built FROM efa: libfabric links against rdma-core (libibverbs, librdmacm, libefa), which
+    # the installer puts in /usr/lib, outside the /opt/amazon a builder FROM base would copy.
+    parent="efa",
     fields={
         **git_fields(repo="https://github.com/aws/aws-ofi-nccl.git", ref="v{version}",
                      what="aws-ofi-nccl"),

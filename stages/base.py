@@ -13,14 +13,29 @@ apt_packages = ["curl", "wget", "git"]
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from imageforge import smoke
 from imageforge.dockerfile import apt_install
-from imageforge.stage import Context, Field, Stage
+from imageforge.stage import Check, Context, Field, Stage
 
 
 def recipe(ctx: Context) -> str:
     if not ctx.image["apt"]:
         return ""
     return apt_install(ctx.of("base")["apt_packages"])
+
+
+def checks(ctx: Context) -> Sequence[Check]:
+    cuda = ctx.image.get("cuda")
+    # Runtime bases have no compiler; a devel base's nvcc must be the CUDA the manifest says.
+    nvcc = ("if ! command -v nvcc >/dev/null; then echo no-nvcc; else nvcc --version | "
+            "sed -n 's/.*release \\([0-9.]*\\),.*/\\1/p'; fi")
+    return [Check(name="nvcc is the manifest's CUDA (when the base has nvcc)",
+                  script=smoke.reports_version("nvcc", nvcc, None) + (
+                      f'\n[ "$found" = no-nvcc ] || [ "$found" = {smoke.sh(str(cuda))} ] || '
+                      f'{{ echo "nvcc is $found, [image] cuda is {cuda}"; exit 1; }}'
+                      if cuda else ""))]
 
 
 STAGE = Stage(
@@ -34,4 +49,5 @@ STAGE = Stage(
     },
     recipe=recipe,
     exports=(),
+    checks=checks,
 )

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from imageforge import smoke
+from imageforge.compat import known_efa
 from imageforge.dockerfile import bind, run, sh
 from imageforge.signature import DEFAULT_KEY_URL, Signature
 from imageforge.sources import Source
@@ -73,8 +75,24 @@ def env(ctx: Context) -> Mapping[str, str]:
 
 
 def checks(ctx: Context) -> Sequence[Check]:
+    known = known_efa(str(ctx.of("efa")["version"]))
+    libfabric = ".".join(str(known.libfabric).split(".")[:2]) if known else None
     return [
         Check(name="fi_info runs", script="/opt/amazon/efa/bin/fi_info --version"),
+        Check(name="libfabric is the one the installer version bundles (fi_info --version)",
+              script=smoke.reports_version(
+                  "libfabric", "/opt/amazon/efa/bin/fi_info --version | "
+                  "awk '$1 == \"libfabric:\" {print $2}'", libfabric)),
+        Check(name="fi_info -l lists providers",
+              script="/opt/amazon/efa/bin/fi_info -l | tee /tmp/providers\n"
+                     "grep -Eq '^[a-z0-9_;]+:$' /tmp/providers"),
+        Check(name="Open MPI's version (mpirun --version)",
+              script=smoke.reports_version(
+                  "Open MPI", "/opt/amazon/openmpi/bin/mpirun --version | "
+                  "sed -n 's/^mpirun (Open MPI) //p'", None)),
+        Check(name="mpirun -np 2 runs",
+              script="/opt/amazon/openmpi/bin/mpirun --allow-run-as-root --oversubscribe "
+                     "-np 2 hostname"),
         Check(name="libfabric and Open MPI link",
               script="! ldd /opt/amazon/efa/bin/fi_info /opt/amazon/openmpi/lib/libmpi.so "
                      "| grep 'not found'"),

@@ -10,12 +10,14 @@ Built FROM the efa stage; gathers the other stages' exports and sets the environ
 from __future__ import annotations
 
 from imageforge.stage import Context, Stage
+from stages.nccl import remove_other_libnccl
 
 
 def recipe(ctx: Context) -> str:
-    # The plugin and nccl-tests were linked against these exact libraries; refresh the
-    # loader cache so /usr/local/lib entries resolve without LD_LIBRARY_PATH too.
-    return "RUN ldconfig"
+    # The base's own distro NCCL goes, so the NCCL every process loads is the one the plugin
+    # and nccl-tests were built against; ldconfig (run there) refreshes the loader cache so
+    # /usr/local/lib entries resolve without LD_LIBRARY_PATH too.
+    return remove_other_libnccl(ctx)
 
 
 STAGE = Stage(

@@ -3,12 +3,19 @@
 PyTorch and the aws-ofi-nccl plugin are both built against this stage, so the NCCL the image
 loads is the NCCL PyTorch was compiled with. NVCC_GENCODE comes from `[image] cuda_arch`.
 Like seed 002 it builds `src.build`, packs `pkg.txz.build` and unpacks the package into the
-prefix, so only headers and libraries (no objects) reach the image.
+prefix; only the headers and shared libraries reach the image (`libnccl_static.a`, 108 MB for
+2.30, only with `static = true`). Every make line that compiles gets NVCC_GENCODE, with PTX for
+the newest arch so the library also runs on GPUs newer than the list. NCCL >= 2.19 runs python3
+while it builds. Image stages remove any other libnccl (CUDA devel bases carry a distro NCCL in
+/usr/lib/x86_64-linux-gnu), so the image has exactly one.
 
 # Parameters
 version: NCCL version (e.g. "2.10.3"), or "auto" for the NCCL the pinned PyTorch uses.
 repo, ref, commit: the git source; ref defaults to the release tag `v{version}-1`.
 prefix: where include/ and lib/ go (seed 000: /usr/local, seed 002: /opt/conda).
+static: also install libnccl_static.a (default false).
+only_funcs: NCCL's developer switch ONLY_FUNCS (e.g. "AllReduce Sum f32 * *"): builds only
+  those collectives' kernels, 4x faster; for CI builds, never for production images.
 
 # Examples
 ```toml
@@ -22,22 +29,40 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from packaging.version import InvalidVersion, Version
+
 from imageforge import smoke
-from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, bind, run, sh
+from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
 BUILDDIR = "/tmp/nccl-build"
 
 
+# Directories a distro NCCL lives in (libnccl2/libnccl-dev, NVIDIA's CUDA devel images).
+SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib",
+                   "/usr/local/lib", "/lib/x86_64-linux-gnu")
+# NCCL's build runs python3 scripts (src/device/generate.py) from this release on.
+NEEDS_PYTHON = Version("2.19")
+
+
 def gencode(arches: Sequence[str]) -> str:
-    """NVCC_GENCODE for a list like ["7.0", "8.0"] (PTX suffixes are PyTorch's business)."""
-    codes = [a.split("+")[0].replace(".", "") for a in arches]
-    return " ".join(f"-gencode=arch=compute_{c},code=sm_{c}" for c in codes)
+    """NVCC_GENCODE for a list like ["7.0", "8.0"]: SASS for each, and PTX for the newest so the
+    library JIT-compiles on GPUs newer than the list."""
+    codes = sorted({a.split("+")[0].replace(".", "") for a in arches}, key=int)
+    sass = [f"-gencode=arch=compute_{c},code=sm_{c}" for c in codes]
+    return " ".join([*sass, f"-gencode=arch=compute_{codes[-1]},code=compute_{codes[-1]}"])
 
 
 def sources(ctx: Context) -> Sequence[Source]:
     return [git_source("nccl", ctx.of("nccl"))]
+
+
+def needs_python(version: str) -> bool:
+    try:
+        return Version(version) >= NEEDS_PYTHON
+    except InvalidVersion:
+        return True   # a branch or commit: assume a current tree
 
 
 def recipe(ctx: Context) -> str:
@@ -46,17 +71,47 @@ def recipe(ctx: Context) -> str:
     cuda = str(ctx.image["cuda_home"])
     # No arch list means NCCL's own default (every arch), as seed 000 builds it.
     arches = ctx.image["cuda_arch"]
-    gencode_var = [f"NVCC_GENCODE={gencode(arches)}"] if arches else []
-    return run(
+    make_vars = [f"CUDA_HOME={cuda}", f"BUILDDIR={BUILDDIR}"]
+    if arches:
+        make_vars.append(f"NVCC_GENCODE={gencode(arches)}")
+    if inputs.get("only_funcs"):
+        make_vars.append(f"ONLY_FUNCS={inputs['only_funcs']}")
+    steps = []
+    python = needs_python(str(inputs["version"]))
+    if python and ctx.image["apt"]:
+        steps.append(apt_install(["python3"]))
+    guard = ([f'if ! command -v python3 >/dev/null; then echo "NCCL {inputs["version"]} needs '
+              'python3 to build: add it to the base image or set [image] apt = true" >&2; '
+              'exit 1; fi'] if python else [])
+    # pkg.txz.build gets the same variables: were anything stale, it would otherwise rebuild
+    # every arch NCCL knows, on one core.
+    steps.append(run(
         USE_CCACHE,
+        *guard,
         "cd /tmp/nccl",
-        'make -j"$(nproc)" '
-        + sh("src.build", f"CUDA_HOME={cuda}", *gencode_var, f"BUILDDIR={BUILDDIR}"),
-        sh("make", "pkg.txz.build", f"CUDA_HOME={cuda}", f"BUILDDIR={BUILDDIR}"),
+        'make -j"$(nproc)" ' + sh("src.build", *make_vars),
+        sh("make", "pkg.txz.build", *make_vars),
         sh("mkdir", "-p", prefix),
-        f"tar -xvf {BUILDDIR}/pkg/txz/nccl_*.txz -C {sh(prefix)} --strip-components=1",
+        f"tar -xf {BUILDDIR}/pkg/txz/nccl_*.txz -C {sh(prefix)} --strip-components=1",
+        *([] if inputs.get("static") else [sh("rm", "-f", f"{prefix}/lib/libnccl_static.a")]),
         sh("rm", "-rf", BUILDDIR),
         mounts=[bind("src-nccl", "/tmp/nccl", rw=True), CCACHE_MOUNT],
+    ))
+    return "\n".join(steps)
+
+
+def remove_other_libnccl(ctx: Context) -> str:
+    """A RUN line for image stages: delete every libnccl (and nccl.h) outside the nccl stage's
+    prefix from the system's library directories, so the image has exactly one NCCL."""
+    prefix = str(ctx.of("nccl")["prefix"])
+    dirs = [d for d in SYSTEM_LIB_DIRS if d != f"{prefix}/lib"]
+    headers = [h for h in ("/usr/include/nccl.h", "/usr/include/nccl_net.h")
+               if not h.startswith(f"{prefix}/")]
+    return run(
+        f"find {' '.join(dirs)} -maxdepth 1 -name 'libnccl*' ! -path {sh(prefix + '/*')} "
+        "-print -delete 2>/dev/null || true",
+        sh("rm", "-f", *headers),
+        "ldconfig",
     )
 
 
@@ -74,8 +129,18 @@ def env(ctx: Context) -> Mapping[str, str]:
 def checks(ctx: Context) -> Sequence[Check]:
     inputs = ctx.of("nccl")
     lib = f"{inputs['prefix']}/lib/libnccl.so.{inputs['version']}"
+    version = str(inputs["version"])
     return [
         Check(name=f"{lib} present", script=sh("test", "-e", lib)),
+        Check(name="ncclGetVersion of the libnccl a process loads is the pin",
+              script=smoke.reports_version("nccl (ncclGetVersion)",
+                                           f"{smoke.loaded_nccl()} | cut -d' ' -f1", version)),
+        Check(name="nccl.h declares the pinned version",
+              script=smoke.reports_version(
+                  "nccl (nccl.h)", smoke.header_nccl(f"{inputs['prefix']}/include"), version)),
+        Check(name="only NCCL's shared libraries, no libnccl_static.a",
+              script=(f"! ls {sh(inputs['prefix'] + '/lib')}/libnccl_static.a 2>/dev/null"
+                      if not inputs.get("static") else "true")),
         # A second libnccl makes the one a process loads depend on the search order.
         Check(name="exactly one libnccl visible to the dynamic linker",
               script=smoke.one_visible("libnccl.so")),
@@ -92,6 +157,10 @@ STAGE = Stage(
         "version": Field(kind="version", required=True, literals=("auto",),
                          help='NCCL version, or "auto" for the one the pinned PyTorch uses'),
         "prefix": Field(kind="path", default="/usr/local", help="install prefix"),
+        "static": Field(kind="bool", default=False, help="also install libnccl_static.a"),
+        "only_funcs": Field(
+            kind="text",
+            help='NCCL ONLY_FUNCS: build only these kernels, e.g. "AllReduce Sum f32 * *"'),
         "differs_from_pytorch": Field(
             kind="text", help="why this NCCL differs from the one PyTorch pins (required then)"),
     },

@@ -22,6 +22,7 @@ from imageforge import smoke
 from imageforge.dockerfile import bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from stages.nccl import gencode
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -30,11 +31,14 @@ def sources(ctx: Context) -> Sequence[Source]:
 
 def recipe(ctx: Context) -> str:
     bindir = f"{EXPORT_ROOT}{ctx.of('nccl-tests')['prefix']}/bin"
+    arches = ctx.image["cuda_arch"]
+    # Without NVCC_GENCODE nccl-tests builds 6 archs: 3.5x slower, 263 MB of binaries.
+    gencode_var = [f"NVCC_GENCODE={gencode(arches)}"] if arches else []
     return run(
         "cd /tmp/nccl-tests",
         'make -j"$(nproc)" ' + sh(
             "MPI=1", "MPI_HOME=/opt/amazon/openmpi", f"CUDA_HOME={ctx.image['cuda_home']}",
-            f"NCCL_HOME={ctx.of('nccl')['prefix']}",
+            f"NCCL_HOME={ctx.of('nccl')['prefix']}", *gencode_var,
         ),
         sh("mkdir", "-p", bindir),
         f"cp build/*_perf {sh(bindir)}/",
@@ -64,6 +68,9 @@ STAGE = Stage(
     name="nccl-tests",
     doc=__doc__ or "",
     deps=("base", "efa", "nccl"),
+    # Built FROM efa: Open MPI and libfabric need the rdma-core libraries the installer puts
+    # in /usr/lib, which a builder FROM base with a copy of /opt/amazon would lack.
+    parent="efa",
     fields={
         **git_fields(repo="https://github.com/NVIDIA/nccl-tests.git", ref="v{version}",
                      what="nccl-tests"),
