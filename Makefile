@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= imageforge/base:bookworm
 
-.PHONY: setup docker host-tools test unit integration demo bench lint clean
+.PHONY: setup docker host-tools test unit integration demo demo-real bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ integration: setup docker
 
 demo: setup docker
 	scripts/demo.sh
+
+# Seed 000's image from real NCCL, nccl-tests, aws-ofi-nccl, CUDA 13 and Debian's fabric
+# libraries (needs PyPI and Debian's mirror the first time; ONLY_FUNCS=... for a quick NCCL).
+demo-real: setup docker
+	scripts/demo-real.sh
 
 bench: setup docker
 	$(BIN)/invoke bench

@@ -1,0 +1,150 @@
+"""Seed 000's image built from real parts, cold on a fresh machine, as CI runs it.
+
+Real NCCL v2.30.7-1, nccl-tests v2.19.6 and aws-ofi-nccl v1.21.1 (full upstream history, served
+over git smart HTTP on 127.0.0.1), a real CUDA 13.0 toolchain (NVIDIA's wheels from PyPI, laid
+out by scripts/cuda-base.sh, with the distro NCCL such bases carry), Debian's real libfabric
+1.17, rdma-core and Open MPI 4.1 through the EFA installer stand-in (the real installer is an
+S3-only download: the one stand-in here). NCCL is built with ONLY_FUNCS="AllReduce Sum f32 * *"
+(NCCL's own developer switch, a keyed manifest key) so the cold build takes minutes; `make
+demo-real` builds the full library. Each recipe fix has an assertion here that fails without it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ROOT, docker_out, invoke
+
+MANIFEST = ROOT / "manifests/real-efa-nccl.toml"
+PORT = "http://127.0.0.1:8742"
+ONLY_FUNCS = "stages.nccl.only_funcs=AllReduce Sum f32 * *"
+RUN = uuid.uuid4().hex[:8]
+BUILD_TIMEOUT = 3600
+
+
+def efa_version() -> str:
+    match = re.search(r'\[stages\.efa\]\s*\nversion = "([^"]+)"', MANIFEST.read_text())
+    assert match, MANIFEST
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def real_upstream(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Iterator[str]:
+    """The real upstream repositories and the EFA installer stand-in, served on 127.0.0.1."""
+    from sample.serve import start_server
+
+    root = tmp_path_factory.mktemp("real-upstream")
+    subprocess.run([str(ROOT / "scripts/real-upstream.sh"), str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "realparts", "efa-installer", "--version",
+                    efa_version(), "--out", str(root / "files"),
+                    "--deb-cache", str(ROOT / "cache/sources/debs")], check=True, cwd=ROOT)
+    server = start_server(root)
+    try:
+        yield server.url.rstrip("/")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def real_manifest(tmp_path_factory: pytest.TempPathFactory, real_upstream: str,
+                  cache_dir: Path) -> Path:
+    subprocess.run([str(ROOT / "scripts/cuda-base.sh")], check=True, timeout=1800)
+    path = tmp_path_factory.mktemp("real-manifest") / "real-efa-nccl.toml"
+    path.write_text(MANIFEST.read_text().replace(PORT, real_upstream))
+    result = invoke("lock", "--manifest", str(path), cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_build(real_manifest: Path, cache_dir: Path) -> tuple[str, str]:
+    """(tag, output) of the efa-nccl build with its image checks."""
+    tag = f"imageforge-test/real-efa-nccl:{RUN}"
+    result = invoke("build", "--target", "efa-nccl", "--manifest", str(real_manifest),
+                    "--set", ONLY_FUNCS, "--locked", "--tag", tag, "--progress", "plain",
+                    cache=cache_dir, timeout=BUILD_TIMEOUT)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    return tag, result.stdout
+
+
+def run_in(image: str, script: str) -> str:
+    return docker_out("run", "--rm", "--entrypoint", "bash", image, "-c", script)
+
+
+def test_lock_resolves_real_release_tags(real_manifest: Path) -> None:
+    lock = real_manifest.with_name("real-efa-nccl.lock.json").read_text()
+    # The commits the real tags point to (git rev-parse v2.30.7-1, v1.21.1, v2.19.6).
+    for tag in ("v2.30.7-1", "v1.21.1", "v2.19.6"):
+        assert tag in lock
+    assert "73cf112295c33aee2b895f329f592f2a9b4b0f97" in lock   # nccl v2.30.7-1
+
+
+def test_every_image_check_passes_with_a_versions_report(real_build: tuple[str, str]) -> None:
+    _, output = real_build
+    assert "0 failed" in output, output[-4000:]
+    rows = {line.split()[0]: line for line in output.splitlines()
+            if re.match(r"^(nccl|aws-ofi-nccl|libfabric|Open|nvcc)\b", line)}
+    assert re.search(r"2\.30\.7\s+2\.30\.7\s+yes", rows["nccl"]), rows
+    assert re.search(r"1\.21\.1\s+1\.21\.1\s+yes", rows["aws-ofi-nccl"]), rows
+    assert re.search(r"1\.17\s+1\.17\.\d+\s+yes", rows["libfabric"]), rows
+    assert "4.1" in rows["Open"] and "13.0" in rows["nvcc"], rows
+    # GPU and EFA checks are listed, never counted as passed.
+    assert "needs hardware" in output
+
+
+def test_exactly_one_libnccl_and_no_static_library(real_build: tuple[str, str]) -> None:
+    tag, _ = real_build
+    listing = run_in(tag, "ls /usr/local/lib /usr/lib/x86_64-linux-gnu | grep libnccl || true")
+    assert "libnccl.so.2.30.7" in listing
+    # The CUDA base's distro NCCL (2.27.7) is gone, and so is the 108 MB static library.
+    assert "2.27.7" not in listing
+    assert "libnccl_static.a" not in listing
+    assert run_in(tag, "ls /usr/include/nccl.h 2>/dev/null || echo none") == "none"
+
+
+def test_plugin_resolves_debian_libfabric_and_rdma_core(real_build: tuple[str, str]) -> None:
+    tag, _ = real_build
+    ldd = run_in(tag, "ldd /usr/local/lib/libnccl-net.so /opt/amazon/efa/lib/libfabric.so.1")
+    assert "/opt/amazon/efa/lib/libfabric.so.1" in ldd
+    assert re.search(r"libibverbs\.so\.1 => /usr/lib/", ldd), ldd
+    assert "not found" not in ldd
+    providers = run_in(tag, "/opt/amazon/efa/bin/fi_info -l")
+    assert {"tcp:", "shm:"} <= set(providers.split()), providers
+
+
+def test_nccl_tests_are_built_for_the_manifest_arch_only(real_build: tuple[str, str]) -> None:
+    tag, _ = real_build
+    # Without NVCC_GENCODE nccl-tests builds 6 archs: 263 MB of binaries. sm_90 alone is
+    # well under a tenth of that.
+    size = int(run_in(tag, "du -sb /opt/nccl-tests/bin | cut -f1"))
+    assert size < 40 * 1024 * 1024, size
+    assert "all_reduce_perf" in run_in(tag, "ls /opt/nccl-tests/bin")
+
+
+def test_only_funcs_is_keyed(real_manifest: Path, cache_dir: Path) -> None:
+    def nccl_key(*sets: str) -> str:
+        result = invoke("plan", "--target", "nccl", "--manifest", str(real_manifest), "--json",
+                        *[w for s in sets for w in ("--set", s)], cache=cache_dir)
+        assert result.returncode == 0, result.stderr
+        return next(s["key"] for s in json.loads(result.stdout)["stages"]
+                    if s["name"] == "nccl")
+
+    assert nccl_key(ONLY_FUNCS) != nccl_key()
+
+
+def test_platform_aws_is_refused_on_libfabric_1_17(real_manifest: Path,
+                                                   cache_dir: Path) -> None:
+    result = invoke("check", "--manifest", str(real_manifest), "--set",
+                    "stages.aws-ofi-nccl.configure_flags=--enable-platform-aws",
+                    cache=cache_dir)
+    assert result.returncode == 3, result.stdout + result.stderr
+    text = result.stdout + result.stderr
+    assert "1.17" in text and "1.22" in text

@@ -1,0 +1,103 @@
+"""What real NCCL, aws-ofi-nccl and nccl-tests need from their recipes, on the rendered text.
+
+Each test stands for a defect the sample never showed and the real sources did (the real
+build in tests/integration/test_real_parts.py checks the result inside the image).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from imageforge import project
+from stages.nccl import gencode
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = "manifests/real-efa-nccl.toml"
+
+
+@pytest.fixture(autouse=True)
+def in_root() -> Iterator[None]:
+    cwd = Path.cwd()
+    os.chdir(ROOT)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def recipes(*sets: str, manifest: str = REAL, target: str = "efa-nccl") -> dict[str, str]:
+    planned = project.plan(project.Settings(manifest=Path(manifest), overrides=sets), target)
+    return {s.name: s.recipe for s in planned.stages}
+
+
+def make_lines(recipe: str) -> list[str]:
+    return [line for line in recipe.splitlines() if re.search(r"\bmake\b", line)]
+
+
+def test_every_make_line_of_nccl_and_nccl_tests_gets_nvcc_gencode() -> None:
+    found = recipes()
+    for stage in ("nccl", "nccl-tests"):
+        lines = make_lines(found[stage])
+        assert lines, stage
+        for line in lines:
+            assert "NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90" in line, (stage, line)
+
+
+def test_gencode_adds_ptx_for_the_newest_arch_only() -> None:
+    codes = gencode(["8.0", "9.0", "7.0"])
+    assert codes.split() == [
+        "-gencode=arch=compute_70,code=sm_70", "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
+
+
+def test_only_shared_libraries_unless_static_is_asked_for() -> None:
+    assert "rm -f /out/usr/local/lib/libnccl_static.a" in recipes()["nccl"]
+    assert "libnccl_static.a" not in recipes("stages.nccl.static=true")["nccl"]
+
+
+def test_nccl_2_19_and_later_check_for_python3_or_install_it() -> None:
+    assert "needs python3" in recipes()["nccl"]
+    installed = recipes("image.apt=true")["nccl"]
+    assert re.search(r"apt-get install .*python3", installed), installed
+    # The sample's NCCL 2.10 runs no python while it builds.
+    old = recipes("stages.nccl.version=2.18.6")["nccl"]
+    assert "python3" not in old
+
+
+def test_only_funcs_reaches_both_make_lines() -> None:
+    lines = make_lines(recipes("stages.nccl.only_funcs=AllReduce Sum f32 * *")["nccl"])
+    assert len(lines) == 2
+    assert all("'ONLY_FUNCS=AllReduce Sum f32 * *'" in line or
+               "ONLY_FUNCS=AllReduce Sum f32 * *" in line for line in lines), lines
+
+
+def test_plugin_from_an_exported_tree_gets_its_release_version() -> None:
+    recipe = recipes()["aws-ofi-nccl"]
+    assert "echo 1.21.1 > .release_version" in recipe
+    assert recipe.index(".release_version") < recipe.index("./autogen.sh")
+    # Releases before 1.19 take their version from configure.ac and need no file.
+    assert ".release_version" not in recipes("stages.aws-ofi-nccl.version=1.18.0")["aws-ofi-nccl"]
+
+
+def test_plugin_gets_no_with_nccl_from_1_5() -> None:
+    assert "--with-nccl" not in recipes()["aws-ofi-nccl"]
+    old = recipes(manifest="manifests/efa-nccl.toml")["aws-ofi-nccl"]
+    assert "--with-nccl=/usr/local" in old
+
+
+def test_builders_that_link_libfabric_are_built_from_efa() -> None:
+    for stage in ("aws-ofi-nccl", "nccl-tests"):
+        planned = project.plan(project.Settings(manifest=Path(REAL)), "efa-nccl")
+        assert planned.registry[stage].parent == "efa", stage
+
+
+def test_image_stage_removes_every_other_libnccl() -> None:
+    recipe = recipes()["efa-nccl"]
+    assert "/usr/lib/x86_64-linux-gnu" in recipe and "-name 'libnccl*'" in recipe
+    assert "! -path '/usr/local/*'" in recipe
+    assert "rm -f /usr/include/nccl.h" in recipe
