@@ -469,17 +469,20 @@ ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_d
             "out": "results file (default bench/results.json)",
             "sizes": "synthetic graph sizes for planning at scale, e.g. 10,100,1000",
             "builds": "run the image builds (--no-builds: planning at scale only)",
-            "keep": "keep the work directory (upstream, manifest, Dockerfiles)"})
+            "keep": "keep the work directory (upstream, manifest, Dockerfiles)",
+            "prune": "prune BuildKit's whole build cache before each cold build (--no-prune "
+                     "on a daemon others use: cold builds may then find cached steps)"})
 @boundary
 def bench(c: Context, repeats: int = 3, out: str = "bench/results.json",
-          sizes: str = "10,100,1000", builds: bool = True, keep: bool = False) -> None:
+          sizes: str = "10,100,1000", builds: bool = True, keep: bool = False,
+          prune: bool = True) -> None:
     """Benchmark imageforge against one plain Dockerfile on the sample upstream (several
     minutes; prunes BuildKit's build cache before each cold build; best on an idle machine)."""
     from bench.run import Options, run_benchmark
 
     print(run_benchmark(Options(repeats=repeats, out=Path(out),
                                 sizes=tuple(int(s) for s in sizes.split(",") if s.strip()),
-                                builds=builds, keep=keep)))
+                                builds=builds, keep=keep, prune=prune)))
 
 
 ns.add_task(bench)

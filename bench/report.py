@@ -32,6 +32,9 @@ class Measurement:
     # imageforge only: each stage's state in its own build report (cache/reports).
     report_states: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # imageforge only: where its keys or its build report disagree with what it rebuilt
+    # (each is also a note); any fails the scenario's target.
+    faults: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def median_seconds(self) -> float:

@@ -26,9 +26,11 @@ from bench.report import (
 )
 from bench.run import (
     bench_manifest,
+    correctness_failures,
     evaluate,
     graph_dependents,
     pin_changes,
+    rebuild_target,
     report_disagreements,
 )
 from bench.synthetic import (
@@ -203,6 +205,18 @@ def test_plan_table_has_a_row_per_graph() -> None:
     assert plan_table([row]).splitlines()[2] == "| 1000 | wide | 44 | 0.210 | 1.0 | 45 | 5.1 |"
 
 
+def test_a_one_pin_change_that_rebuilds_more_than_its_dependents_fails_the_run() -> None:
+    extra = _m(IMAGEFORGE, "nccl", [9.0], ["efa", "nccl", "aws-ofi-nccl", "pytorch"], 9,
+               expected=["nccl", "aws-ofi-nccl", "pytorch"])
+    exact = _m(IMAGEFORGE, "boost", [9.0], ["boost", "smddp"], 9)
+    targets = evaluate([extra, exact], None, [], CHAIN)
+    assert [t.passed for t in targets] == [False, True]
+    assert correctness_failures(targets) == [targets[0].name]
+    wrong_keys = _m(IMAGEFORGE, "boost", [9.0], ["boost", "smddp"], 9)
+    wrong_keys.faults.append("keys changed for boost")
+    assert not rebuild_target(wrong_keys).passed
+
+
 def test_targets_pass_and_fail() -> None:
     measurements = [
         _m(IMAGEFORGE, "no-op", [1.2], [], 9),
@@ -254,12 +268,15 @@ def test_bench_manifest_pins_nccl_and_each_change_touches_one_stage(tmp_path: Pa
     assert changes["efa"].overrides == ("stages.efa.version=1.15.1",
                                         f"stages.efa.sha256={1:064x}")
     assert changes["boost"].overrides[1] == f"stages.boost.sha256={2:064x}"
-    assert changes["pytorch"].overrides == ("stages.pytorch.version=1.11.0",
-                                            f"stages.pytorch.commit={'d' * 40}")
+    # The sample's torchvision and SMDDP wheel are for PyTorch 1.10: the bump waives those rules.
+    assert changes["pytorch"].overrides == (
+        "stages.pytorch.version=1.11.0", f"stages.pytorch.commit={'d' * 40}",
+        "waive.torchvision-pytorch=benchmark: a one-pin pytorch bump",
+        "waive.smddp-pytorch=benchmark: a one-pin pytorch bump")
     assert changes["nccl"].overrides[1] == f"stages.nccl.commit={'b' * 40}"
     assert changes["efa"].label == "efa 1.14.1 → 1.15.1"
     for change in changes.values():
-        assert all(o.startswith(f"stages.{change.stage}.") for o in change.overrides)
+        assert all(o.startswith((f"stages.{change.stage}.", "waive.")) for o in change.overrides)
 
 
 def test_bench_manifest_can_use_another_base_image() -> None:
