@@ -98,6 +98,9 @@ class Stage:
     # The PyPI project whose releases `lock --upgrade` reads, for a stage pip installs by
     # name (no URL or git ref to list).
     pypi_project: str | None = None
+    # The pip requirements this stage installs, as written: `invoke lock` resolves them with
+    # their dependencies to exact versions and hashes (imageforge.piplock).
+    pip_requirements: Callable[[Context], Sequence[str]] = lambda ctx: ()
     # True for a stage an extended image already has: only its settings remain.
     provided: bool = False
     # Choices worth a warning whenever this stage is planned (a key baked into an image).

@@ -6,10 +6,12 @@ and hands over to the framework package SAGEMAKER_TRAINING_MODULE names (seed 00
 sagemaker-pytorch-training), which runs the user's program (SAGEMAKER_PROGRAM) with the
 hyperparameters as arguments; what the program writes to /opt/ml/model is the model.
 
-Both packages come from PyPI at build time, pinned exactly. A build behind a TLS-intercepting
-proxy needs that proxy's CA: `invoke build --ca-bundle FILE` hands one to this step as a
-BuildKit secret, so it reaches neither a layer nor the stage key. Downloads are kept in a
-BuildKit cache mount on the build host, so a rebuild does not fetch them again.
+Both packages come from PyPI at build time: `invoke lock` resolves them with every dependency
+to exact versions and sha256 hashes, and pip installs that set with --require-hashes. A build
+behind a TLS-intercepting proxy needs that proxy's CA: `invoke build --ca-bundle FILE` hands
+one to this step as a BuildKit secret, so it reaches neither a layer nor the stage key.
+Downloads are kept in a BuildKit cache mount on the build host, so a rebuild does not fetch
+them again.
 
 # Parameters
 version: sagemaker-training version.
@@ -29,24 +31,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge.dockerfile import CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT, USE_CA_BUNDLE, run, sh
+from imageforge import piplock
+from imageforge.dockerfile import sh
 from imageforge.stage import EXPORT_ROOT, POLICY, Check, Context, Field, Stage
 
 PREFIX = "/opt/conda"
 
 
-def recipe(ctx: Context) -> str:
+def requirements(ctx: Context) -> list[str]:
     inputs = ctx.of("sagemaker-training")
-    requirements = [f"sagemaker-training=={inputs['version']}", *inputs["packages"]]
+    return [f"sagemaker-training=={inputs['version']}", *inputs["packages"]]
+
+
+def recipe(ctx: Context) -> str:
     # --prefix installs into /out only what the Python stage does not already have, so the
     # image copies the toolkit onto it without a second copy of numpy & co.
-    return run(
-        USE_CA_BUNDLE,
-        sh(f"{PREFIX}/bin/pip", "install", "--disable-pip-version-check",
-           f"--prefix={EXPORT_ROOT}{PREFIX}", *requirements),
-        sh("test", "-x", f"{EXPORT_ROOT}{PREFIX}/bin/train"),
-        mounts=[CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT],
-    )
+    return "\n".join(piplock.install(
+        "sagemaker-training", ctx.of("sagemaker-training"), requirements(ctx),
+        f"{PREFIX}/bin/pip", f"--prefix={EXPORT_ROOT}{PREFIX}",
+        then=[sh("test", "-x", f"{EXPORT_ROOT}{PREFIX}/bin/train")]))
 
 
 def env(ctx: Context) -> Mapping[str, str]:
@@ -85,4 +88,5 @@ STAGE = Stage(
     env=env,
     checks=checks,
     pypi_project="sagemaker-training",
+    pip_requirements=requirements,
 )

@@ -15,7 +15,8 @@ running job. That is off unless `ssh_build_time_key = true`, which `invoke check
 
 # Parameters
 version, url, sha256: the SMDDP wheel (its file name carries the cpXY tag).
-pip_packages: packages installed before the wheel (seed: mpi4py, sagemaker, ...).
+pip_packages: packages installed before the wheel (seed: mpi4py, sagemaker, ...); `invoke
+    lock` pins them, with the training toolkit's, to exact versions and hashes.
 s3_plugin_url, s3_plugin_sha256: optional PyTorch S3 plugin wheel (seed: awsio 0.0.1).
 apt_packages: runtime packages (seed: jq libhwloc-dev libnuma1 libnuma-dev libssl1.1 ...).
 openssh: set up OpenSSH for MPI (seed: yes).
@@ -33,19 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge import smoke
-from imageforge.dockerfile import (
-    CA_BUNDLE_MOUNT,
-    PIP_CACHE_MOUNT,
-    USE_CA_BUNDLE,
-    apt_commands,
-    apt_install,
-    bind,
-    run,
-    sh,
-)
+from imageforge import piplock, smoke
+from imageforge.dockerfile import apt_commands, apt_install, bind, run, sh
 from imageforge.sources import Source, UrlSource
 from imageforge.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
+from stages import sagemaker_training
 
 PIP = "/opt/conda/bin/pip"
 
@@ -123,14 +116,22 @@ def openssh_steps(ctx: Context) -> list[str]:
     return steps
 
 
+def pip_requirements(ctx: Context) -> list[str]:
+    """The seed's SageMaker packages, resolved together with the training toolkit's pins so
+    that none of them moves what the sagemaker-training stage installed (the seed's `pip
+    install -U` did: an unpinned sagemaker-pytorch-training replaced the pinned one)."""
+    packages = list(ctx.of("smddp")["pip_packages"])
+    return [*sagemaker_training.requirements(ctx), *packages] if packages else []
+
+
 def recipe(ctx: Context) -> str:
     inputs = ctx.of("smddp")
     steps = [apt_install(inputs["apt_packages"])] if ctx.image["apt"] else []
     if inputs["openssh"]:
         steps.extend(openssh_steps(ctx))
-    if inputs["pip_packages"]:
-        steps.append(run(USE_CA_BUNDLE, sh(PIP, "install", "-U", *inputs["pip_packages"]),
-                         mounts=[CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT]))
+    wanted = pip_requirements(ctx)
+    if wanted:
+        steps.extend(piplock.install("smddp", inputs, wanted, PIP))
     plugin = s3_plugin(ctx)
     if plugin:
         steps.append(run(sh(PIP, "install", "--no-cache-dir", "-U", f"/src/{plugin.filename}"),
@@ -195,7 +196,8 @@ STAGE = Stage(
             default=["packaging", "mpi4py==3.0.3", "smclarify", "sagemaker>=2,<3",
                      "sagemaker-experiments==0.*"],
             help="pip packages installed before the wheel"),
-        "s3_plugin_url": Field(kind="url", help="PyTorch S3 plugin wheel URL (optional)"),
+        "s3_plugin_url": Field(kind="url", locates="s3_plugin_sha256",
+                               help="PyTorch S3 plugin wheel URL (optional)"),
         "s3_plugin_sha256": Field(kind="sha256", locked=True, help="its sha256 (lock)"),
         "apt_packages": Field(
             kind="packages",
@@ -207,6 +209,7 @@ STAGE = Stage(
     },
     sources=sources,
     recipe=recipe,
+    pip_requirements=pip_requirements,
     env_paths=env_paths,
     env=env,
     checks=checks,

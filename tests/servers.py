@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
@@ -212,3 +214,20 @@ def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 server.stopping.wait(drip)
 
     return Handler
+
+
+@contextlib.contextmanager
+def serve_directory(root: str) -> Iterator[str]:
+    """A static HTTP server for `root` on 127.0.0.1 (e.g. a PEP 503 package index: each
+    project's `index.html` is served for its directory URL, as text/html); yields its URL."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=root)
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    httpd = _QuietServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

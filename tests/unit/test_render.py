@@ -63,7 +63,9 @@ def test_seed_002_commands_are_rendered_faithfully() -> None:
     # The seed's baked private key is off by default: keys are made when a container starts.
     assert "ssh-keygen -q -t rsa" not in text and "ssh-keygen -A" in text
     assert 'ENTRYPOINT ["/usr/local/bin/imageforge-entrypoint"]' in text
-    assert "sagemaker-training==5.1.4 sagemaker-pytorch-training==3.0.0" in text
+    assert "\nsagemaker-training==5.1.4\nsagemaker-pytorch-training==3.0.0\n" in text
+    # The seed's `pip install -U` moved what the toolkit stage pinned: not any more.
+    assert "pip install -U" not in text and "-r /opt/imageforge/pip/smddp.txt" in text
 
 
 def test_seed_000_builds_nccl_for_every_arch_without_gencode() -> None:

@@ -270,7 +270,7 @@ def test_the_toolkit_step_renders_the_same_with_or_without_a_bundle() -> None:
     recipe = planned((), target="sagemaker-training").stage("sagemaker-training").recipe
     assert "--mount=type=secret,id=ca-bundle,required=false" in recipe
     assert "PIP_CERT=/run/secrets/ca-bundle" in recipe
-    assert "sagemaker-training==5.1.4 sagemaker-pytorch-training==3.0.0" in recipe
+    assert "\nsagemaker-training==5.1.4\nsagemaker-pytorch-training==3.0.0\n" in recipe
     assert os.sep + "etc" + os.sep + "ssl" not in recipe.split("PIP_CERT")[0]
 
 

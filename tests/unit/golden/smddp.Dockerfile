@@ -82,9 +82,13 @@ RUN --mount=type=bind,from=src-pytorch,target=/tmp/pytorch,rw --mount=type=cache
 # ---- sagemaker-training ----
 FROM python AS sagemaker-training
 ENV PATH="/opt/conda/bin${PATH:+:${PATH}}"
+COPY <<'EOF' /opt/imageforge/pip/sagemaker-training.txt
+sagemaker-training==5.1.4
+sagemaker-pytorch-training==3.0.0
+EOF
 RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
-    && /opt/conda/bin/pip install --disable-pip-version-check --prefix=/out/opt/conda sagemaker-training==5.1.4 sagemaker-pytorch-training==3.0.0 \
+    && /opt/conda/bin/pip install --disable-pip-version-check --prefix=/out/opt/conda -r /opt/imageforge/pip/sagemaker-training.txt \
     && test -x /out/opt/conda/bin/train
 
 # ---- torchvision ----
@@ -152,9 +156,18 @@ fi
 exec "$@"
 EOF
 ENTRYPOINT ["/usr/local/bin/imageforge-entrypoint"]
+COPY <<'EOF' /opt/imageforge/pip/smddp.txt
+sagemaker-training==5.1.4
+sagemaker-pytorch-training==3.0.0
+packaging
+mpi4py==3.0.3
+smclarify
+sagemaker>=2,<3
+sagemaker-experiments==0.*
+EOF
 RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
-    && /opt/conda/bin/pip install -U packaging mpi4py==3.0.3 smclarify 'sagemaker>=2,<3' 'sagemaker-experiments==0.*'
+    && /opt/conda/bin/pip install --disable-pip-version-check -r /opt/imageforge/pip/smddp.txt
 RUN --mount=type=bind,from=src-smddp-s3,target=/src \
     /opt/conda/bin/pip install --no-cache-dir -U /src/awsio-0.0.1-cp38-cp38-manylinux1_x86_64.whl
 RUN mkdir -p /etc/pki/tls/certs \
