@@ -47,7 +47,7 @@ bench: setup docker
 	$(BIN)/invoke bench
 
 lint: setup
-	$(BIN)/ruff check imageforge stages sample bench sbom tests tasks.py
+	$(BIN)/ruff check imageforge stages sample realparts bench sbom tests tasks.py
 	$(BIN)/mypy
 
 clean:
