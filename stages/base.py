@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from imageforge import smoke
-from imageforge.dockerfile import apt_install
+from imageforge.dockerfile import apt_install, sh
 from imageforge.stage import Check, Context, Field, Stage
 
 
@@ -33,7 +33,7 @@ def checks(ctx: Context) -> Sequence[Check]:
             "sed -n 's/.*release \\([0-9.]*\\),.*/\\1/p'; fi")
     return [Check(name="nvcc is the manifest's CUDA (when the base has nvcc)",
                   script=smoke.reports_version("nvcc", nvcc, None) + (
-                      f'\n[ "$found" = no-nvcc ] || [ "$found" = {smoke.sh(str(cuda))} ] || '
+                      f'\n[ "$found" = no-nvcc ] || [ "$found" = {sh(str(cuda))} ] || '
                       f'{{ echo "nvcc is $found, [image] cuda is {cuda}"; exit 1; }}'
                       if cuda else ""))]
 
