@@ -134,7 +134,9 @@ def build(settings: project.Settings, options: BuildOptions) -> BuildResult | No
 
 def _build(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
            remote: Remote | None, env: Mapping[str, str]) -> BuildResult | None:
-    planned = project.plan(settings, options.target, remote=remote)
+    # A dry run contacts no upstream: a stale pin shows as unlocked in what it prints.
+    planned = project.plan(settings, options.target, remote=remote,
+                           resolve=not options.dry_run)
     for warning in planned.warnings():
         print(f"imageforge: warning: {warning}", file=sys.stderr)
     if options.dry_run:

@@ -6,7 +6,7 @@ import json
 import subprocess
 
 from imageforge.cmd import docker
-from imageforge.errors import DockerError
+from imageforge.errors import DockerError, FatalError
 
 # Labels imageforge puts on images: <prefix>.key.<stage>, <prefix>.version.<stage>, ...
 LABEL_PREFIX = "io.imageforge"
@@ -56,6 +56,15 @@ def local_image(ref: str, context: str | None = None
     data = json.loads(result.stdout)
     labels = (data.get("Config") or {}).get("Labels") or {}
     return str(data.get("Id") or "") or None, dict(labels)
+
+
+def local_image_id(ref: str) -> str | None:
+    """The image ID of `ref` in the local image store; None when it has none, or when Docker
+    cannot say (plans also run where Docker is not)."""
+    try:
+        return local_image(ref)[0]
+    except (FatalError, OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def image_exists(ref: str) -> bool:

@@ -82,10 +82,6 @@ class Inspected:
     provides: tuple[str, ...]
     versions: Mapping[str, str]
 
-    def to_json(self, ref: str) -> dict[str, Any]:
-        return {"ref": ref, "digest": self.digest, "local": self.local,
-                "provides": list(self.provides), "versions": dict(self.versions)}
-
 
 def inspect(ref: str, stages: Mapping[str, Stage]) -> Inspected:
     """REF's digest and the stages its labels say it holds: from the local image store, else
@@ -140,9 +136,8 @@ def with_provides(manifest: Manifest, names: Sequence[str],
     if image.get("provides") is None:
         image["provides"] = list(names)
     digest = (pinned or {}).get("digest")
-    key = "base_image_id" if (pinned or {}).get("local") else "base_digest"
-    if digest and not image.get(key):
-        image[key] = digest
+    if digest and not image.get("base_digest"):
+        image["base_digest"] = digest
     return dataclasses.replace(manifest, image=image)
 
 

@@ -1,107 +1,156 @@
-"""Lock files: every input a manifest leaves to resolution, recorded beside it.
+"""Lock files: every pin a manifest leaves to resolution, recorded beside it entry by entry.
 
-`<manifest>.lock.json` holds the sha256 of each downloaded file, the commit of each git ref,
-the base image digest when a registry answers, and the digest of the effective manifest
-(file + --set overrides) it was resolved from. A lock is written whole or not at all.
+`<manifest>.lock.json` holds entries. Each is one resolved pin with what it was resolved from
+(its "from"): a source's sha256 (from its url) or commit (from its repo and ref), the base
+image's registry digest (from its reference), the NCCL that `version = "auto"` became (from
+the PyTorch commit that pins it), the extended image (from its reference), and the versions
+`lock --upgrade` moved to (from the manifest's version and policy). As in Cargo.lock, an entry
+applies whenever its "from" still matches the effective manifest (file + --set overrides),
+whatever else changed; only the entries whose "from" changed are stale, and only they are
+resolved again. A lock file is written whole or not at all.
 
-`lock --upgrade` also moves stages that have a version `policy` to the newest release it
-allows. The manifest file is not rewritten: the lock records each move under "upgraded"
-(from, to, policy and the listing it came from) and `apply` builds the moved version, so a
-nightly can run `lock --upgrade` and diff the lock against the last one.
+Entries sit in the JSON at paths (`stages.efa.src-efa`, `base`, `upgraded.efa`): a dict with
+a "from" key is an entry. Another kind of pin is one more section in SETTLED and one more step
+of `settle` (`_Walk.pin` with the entry's path, its "from" and how to resolve it); reading,
+writing, staleness and `diff` need nothing new.
+
+Machine-local facts (a local-only base image's ID) are never in the lock: they live in the
+local cache (imageforge/localimages.py), so a committed lock stays the same on every machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from imageforge import extends, gitsource, tarcheck, upstream
+from imageforge import extends, gitsource, piplock, tarcheck, upstream
 from imageforge.cmd import run
 from imageforge.compat import image_cuda
 from imageforge.dag import closure
-from imageforge.docker import local_image
 from imageforge.download import download, redact
-from imageforge.errors import FatalError, LockError, ManifestError
+from imageforge.errors import DockerError, FatalError, LockError, ManifestError
 from imageforge.manifest import Manifest, with_versions
 from imageforge.ncclpin import NcclPin, pytorch_nccl_pin
 from imageforge.sources import GitSource, Source, SourceCache, UrlSource
 from imageforge.stage import Context, Stage
 
-FORMAT = 1
+FORMAT = 2
+# Keys of the file that are not entries.
+HEADER = ("format", "manifest", "source_date_epoch")
+
+EntryPath = tuple[str, ...]
+BASE: EntryPath = ("base",)
+EXTENDS: EntryPath = ("extends",)
+NCCL_PIN: EntryPath = ("nccl_pytorch_pin",)
+UPGRADED = "upgraded"
+STAGES = "stages"
+# The sections `settle` walks. Entries of any other section (a kind a newer imageforge adds)
+# are carried over unchanged.
+SETTLED = (BASE[0], EXTENDS[0], NCCL_PIN[0], UPGRADED, STAGES)
+PIP = "pip"
 
 
 def lock_path(manifest_path: Path) -> Path:
     return manifest_path.with_name(manifest_path.stem + ".lock.json")
 
 
+def name(path: EntryPath) -> str:
+    """An entry as messages name it: `stages.efa.src-efa`."""
+    return ".".join(path)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One resolved pin and what it was resolved from."""
+
+    origin: Mapping[str, Any]
+    pin: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from": dict(self.origin), **self.pin}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Lock:
-    manifest_digest: str
-    base_digest: str | None
-    # stage -> source name -> {"url"/"repo", "sha256"/"ref"+"commit"}
-    sources: Mapping[str, Mapping[str, Mapping[str, str]]]
-    # The NCCL the locked PyTorch pins: {"version", "commit", "evidence": {...}}.
-    nccl_pin: Mapping[str, Any] | None = None
-    # stage -> {"from", "to", "policy", "source"}: versions `lock --upgrade` moved.
-    upgraded: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    entries: Mapping[EntryPath, Entry]
     # When these pins were first resolved: images built from this lock carry it as their
     # creation time (SOURCE_DATE_EPOCH), so the same pins give the same image config.
     source_date_epoch: int | None = None
-    # The local image ID of a base image no registry has (built here, like the sample's):
-    # it pins the keys, so stages built on an older image of the same tag are not reused.
-    base_image_id: str | None = None
-    # image.extends: {"ref", "digest", "provides", "versions"} as its labels said.
-    extends: Mapping[str, Any] | None = None
 
     def to_json(self, manifest: Manifest) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "manifest": manifest.path.name,
-            "manifest_digest": self.manifest_digest,
-            "source_date_epoch": self.source_date_epoch,
-            "base": {"ref": manifest.image["base"], "digest": self.base_digest,
-                     **({"id": self.base_image_id} if self.base_image_id else {})},
-            "nccl_pytorch_pin": dict(self.nccl_pin) if self.nccl_pin else None,
-            **({"extends": dict(self.extends)} if self.extends else {}),
-            "upgraded": {k: dict(v) for k, v in sorted(self.upgraded.items())},
-            "stages": {k: dict(v) for k, v in sorted(self.sources.items())},
-        }
+        data: dict[str, Any] = {"format": FORMAT, "manifest": manifest.path.name,
+                                "source_date_epoch": self.source_date_epoch}
+        for path, entry in sorted(self.entries.items()):
+            node = data
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = entry.to_json()
+        return data
+
+    def section(self, prefix: str) -> dict[str, Entry]:
+        """The entries under `prefix` by their next path part (e.g. upgraded -> stage)."""
+        return {path[1]: entry for path, entry in self.entries.items()
+                if len(path) == 2 and path[0] == prefix}
 
     def versions(self) -> dict[str, str]:
         """stage -> the version `lock --upgrade` moved it to."""
-        return {stage: move["to"] for stage, move in self.upgraded.items()}
+        return {stage: str(entry.pin["to"]) for stage, entry in self.section(UPGRADED).items()}
 
     def pin(self) -> NcclPin | None:
-        if not self.nccl_pin:
+        entry = self.entries.get(NCCL_PIN)
+        if entry is None:
             return None
-        return NcclPin(version=self.nccl_pin["version"], commit=self.nccl_pin["commit"],
-                       evidence=dict(self.nccl_pin.get("evidence", {})))
+        return NcclPin(version=entry.pin["version"], commit=entry.pin["commit"],
+                       evidence=dict(entry.pin.get("evidence", {})))
 
 
-def read(path: Path) -> Lock | None:
+def read(path: Path, *, old_ok: bool = False) -> Lock | None:
+    """The lock at `path`, None when there is none (or, with `old_ok`, when an older
+    imageforge wrote it: `invoke lock` replaces it)."""
     if not path.exists():
         return None
     try:
         data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise ValueError(f"format {data.get('format')!r}")
-        lock = Lock(manifest_digest=data["manifest_digest"], base_digest=data["base"]["digest"],
-                    base_image_id=data["base"].get("id"),
-                    sources=data["stages"], nccl_pin=data.get("nccl_pytorch_pin"),
-                    upgraded=data.get("upgraded") or {},
-                    source_date_epoch=data.get("source_date_epoch"),
-                    extends=data.get("extends"))
-        lock.versions()  # every upgrade names the version it moved to
-        return lock
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise LockError(f"{path}: not a valid imageforge lock file ({exc}); delete it and run "
+                        "`invoke lock`.") from None
+    if data.get("format") != FORMAT:
+        if old_ok:
+            return None
+        raise LockError(f"{path} is in lock format {data.get('format')!r}, not {FORMAT}; run "
+                        "`invoke lock` to rewrite it.")
+    try:
+        entries = dict(_entries(data, ()))
+        return Lock(entries=entries, source_date_epoch=data.get("source_date_epoch"))
     except (ValueError, KeyError, TypeError) as exc:
         raise LockError(f"{path}: not a valid imageforge lock file ({exc}); delete it and run "
                         "`invoke lock`.") from None
+
+
+def _entries(node: Mapping[str, Any], at: EntryPath) -> list[tuple[EntryPath, Entry]]:
+    found = []
+    for key, value in node.items():
+        if not at and key in HEADER:
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"{name((*at, key))} is not a table")
+        if "from" in value:
+            if not isinstance(value["from"], dict):
+                raise ValueError(f"{name((*at, key))}.from is not a table")
+            pin = {k: v for k, v in value.items() if k != "from"}
+            found.append(((*at, key), Entry(origin=value["from"], pin=pin)))
+        else:
+            found += _entries(value, (*at, key))
+    return found
 
 
 def defined_stages(manifest: Manifest, registry: Mapping[str, Stage]) -> list[str]:
@@ -114,27 +163,296 @@ def defined_stages(manifest: Manifest, registry: Mapping[str, Stage]) -> list[st
     return names
 
 
-def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) -> Manifest:
-    """The manifest with the lock's resolved pins filled in where the manifest has none."""
-    if lock is None or lock.manifest_digest != manifest.digest():
+class Resolver(Protocol):
+    """Finds pins upstream; `settle` asks it only for what the lock cannot answer."""
+
+    @property
+    def revisit(self) -> bool:
+        """True for `invoke lock`: current entries are checked against upstream too."""
+        ...
+
+    def renewed(self, manifest: Manifest, names: Sequence[str]) -> list[str]:
+        """The stages whose pins `lock --upgrade` resolves anew (none otherwise)."""
+        ...
+
+    def upgrades(self, manifest: Manifest, registry: Mapping[str, Stage],
+                 names: Sequence[str]) -> list[upstream.Upgrade]: ...
+
+    def source(self, source: Source, old: Entry | None) -> dict[str, Any]: ...
+
+    def base(self, ref: str, old: Entry | None) -> dict[str, Any]: ...
+
+    def extended(self, manifest: Manifest, old: Entry | None) -> dict[str, Any]: ...
+
+    def nccl_pin(self, manifest: Manifest, pytorch: GitSource, old: Entry | None
+                 ) -> dict[str, Any]: ...
+
+    def pip(self, stage: str, origin: Mapping[str, Any], old: Entry | None
+            ) -> dict[str, Any]: ...
+
+
+# A base image's local ID on this machine, when no registry digest pins it.
+LocalId = Callable[[str], str | None]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settled:
+    """The manifest with every pin the lock (or the resolver) gave, and how the lock fared."""
+
+    manifest: Manifest
+    entries: Mapping[EntryPath, Entry]
+    # Entries the lock lacked or whose "from" changed (resolved when there was a resolver).
+    stale: tuple[EntryPath, ...]
+    # Stale entries still without a pin: no resolver was given.
+    unresolved: tuple[EntryPath, ...]
+    # Entries of the lock that the manifest no longer needs.
+    unused: tuple[EntryPath, ...]
+
+    def lock(self) -> Lock:
+        return Lock(entries=dict(self.entries))
+
+    def nccl_pin(self) -> NcclPin | None:
+        return self.lock().pin()
+
+
+class _Walk:
+    """Goes through the entries a manifest needs, in the order their "from" is known."""
+
+    def __init__(self, lock: Lock | None, resolver: Resolver | None) -> None:
+        self.old = dict(lock.entries) if lock else {}
+        self.resolver = resolver
+        self.entries: dict[EntryPath, Entry] = {}
+        self.stale: list[EntryPath] = []
+        self.unresolved: list[EntryPath] = []
+        # Stages whose sources are settled (NCCL "auto" waits for PyTorch's commit).
+        self.done: set[str] = set()
+
+    def forget(self, keep: Callable[[EntryPath], bool]) -> None:
+        self.old = {path: entry for path, entry in self.old.items() if keep(path)}
+
+    def current(self, path: EntryPath, origin: Mapping[str, Any],
+                known: Mapping[str, Any] | None = None) -> Entry | None:
+        old = self.old.get(path)
+        if old is None or old.origin != origin or (known is not None and old.pin != known):
+            self.stale.append(path)
+            return None
+        return old
+
+    def pin(self, path: EntryPath, origin: Mapping[str, Any],
+            resolve: Callable[[Resolver, Entry | None], Mapping[str, Any]],
+            known: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
+        """The pin of `path`: `known` when the manifest gives it, the lock's when its entry
+        is current, else the resolver's (None without one)."""
+        current = self.current(path, origin, known)
+        if known is not None:
+            pin = known
+        elif current is not None and not (self.resolver and self.resolver.revisit):
+            pin = current.pin
+        elif self.resolver is not None:
+            pin = resolve(self.resolver, current)
+        else:
+            self.unresolved.append(path)
+            return None
+        self.entries[path] = Entry(origin=dict(origin), pin=dict(pin))
+        return pin
+
+    def missing(self, path: EntryPath) -> None:
+        """An entry whose "from" cannot be known yet (it needs an unresolved pin)."""
+        self.stale.append(path)
+        self.unresolved.append(path)
+
+
+def settle(manifest: Manifest, lock: Lock | None, stages: Mapping[str, Stage],
+           resolver: Resolver | None = None, local_id: LocalId | None = None) -> Settled:
+    """`manifest` with its lock applied entry by entry. Stale entries are resolved by
+    `resolver`, or left unpinned without one (plans then key those stages by location)."""
+    walk = _Walk(lock, resolver)
+    manifest = _settle_extends(walk, manifest)
+    registry = extends.registry(stages, manifest)
+    names = defined_stages(manifest, registry)
+    manifest = _settle_upgrades(walk, manifest, registry, names)
+    manifest = _settle_base(walk, manifest)
+    if local_id and not manifest.image.get("base_digest") \
+            and not manifest.image.get("base_image_id"):
+        found = local_id(str(manifest.image["base"]))
+        if found:
+            manifest = dataclasses.replace(manifest,
+                                           image={**manifest.image, "base_image_id": found})
+    manifest = _settle_sources(walk, manifest, registry, names)
+    manifest = _settle_nccl_pin(walk, manifest, registry, names)
+    manifest = _settle_sources(walk, manifest, registry, names)
+    manifest = _settle_pip(walk, manifest, registry, names)
+    for path, entry in (lock.entries if lock else {}).items():
+        if path[0] not in SETTLED:
+            walk.entries[path] = entry
+    unused = tuple(path for path in (lock.entries if lock else {}) if path not in walk.entries
+                   and path not in walk.stale)
+    return Settled(manifest=manifest, entries=walk.entries, stale=tuple(dict.fromkeys(walk.stale)),
+                   unresolved=tuple(dict.fromkeys(walk.unresolved)), unused=unused)
+
+
+def _settle_extends(walk: _Walk, manifest: Manifest) -> Manifest:
+    ref = manifest.image.get("extends")
+    if not ref:
         return manifest
-    manifest = with_versions(manifest, lock.versions(), registry=registry)
-    image = dict(manifest.image)
-    if not image.get("base_digest") and lock.base_digest:
-        image["base_digest"] = lock.base_digest
-    elif not image.get("base_digest") and not image.get("base_image_id") and lock.base_image_id:
-        image["base_image_id"] = lock.base_image_id
-    if lock.extends and image.get("extends"):
-        manifest = extends.with_provides(dataclasses.replace(manifest, image=image),
-                                         lock.extends["provides"], lock.extends)
-        image = dict(manifest.image)
-    manifest = with_nccl_pin(manifest, lock.pin())
-    stages = {name: dict(values) for name, values in manifest.stages.items()}
-    for name, entries in lock.sources.items():
-        values = stages.setdefault(name, _defaults(registry[name]))
-        for entry in entries.values():
-            _fill(values, entry)
-    return dataclasses.replace(manifest, image=image, stages=stages)
+    pin = walk.pin(EXTENDS, {"ref": ref}, lambda r, old: r.extended(manifest, old))
+    if pin is None:
+        return manifest
+    return extends.with_provides(manifest, pin["provides"], pin)
+
+
+def _settle_upgrades(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
+                     names: Sequence[str]) -> Manifest:
+    """The versions `lock --upgrade` moved to, where the manifest's version and policy are
+    still those they were moved from; a stale move is dropped (the manifest's version wins)."""
+    renewed = walk.resolver.renewed(manifest, names) if walk.resolver else []
+    if renewed:
+        walk.forget(lambda path: not (len(path) > 1 and path[0] in (UPGRADED, STAGES, PIP)
+                                      and path[1] in renewed))
+        if set(renewed) == set(names):
+            walk.forget(lambda path: path != BASE)  # every pin, the base's too
+    found = {move.stage: move for move in walk.resolver.upgrades(manifest, registry, renewed)} \
+        if walk.resolver and renewed else {}
+    versions: dict[str, str] = {}
+    for stage in names:
+        origin = _upgrade_origin(manifest, stage)
+        path = (UPGRADED, stage)
+        if stage in found:
+            move = found[stage]
+            walk.stale.append(path)
+            walk.entries[path] = Entry(origin=origin, pin={"to": move.new,
+                                                           "source": move.source})
+        elif path in walk.old and walk.current(path, origin):
+            walk.entries[path] = walk.old[path]
+        else:
+            continue
+        versions[stage] = str(walk.entries[path].pin["to"])
+    return with_versions(manifest, versions, registry=registry)
+
+
+def _upgrade_origin(manifest: Manifest, stage: str) -> dict[str, Any]:
+    table = manifest.stages.get(stage, {})
+    return {"version": str(table.get("version")), "policy": table.get("policy")}
+
+
+def _settle_base(walk: _Walk, manifest: Manifest) -> Manifest:
+    if manifest.image.get("extends"):
+        return manifest  # the extends entry pins it
+    ref = str(manifest.image["base"])
+    given = manifest.image.get("base_digest")
+    pin = walk.pin(BASE, {"ref": ref}, lambda r, old: r.base(ref, old),
+                   known={"digest": given} if given else None)
+    digest = (pin or {}).get("digest")
+    if not digest or given:
+        return manifest
+    return dataclasses.replace(manifest, image={**manifest.image, "base_digest": digest})
+
+
+def _settle_sources(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
+                    names: Sequence[str]) -> Manifest:
+    """Every source's pin, for the stages whose sources are known (not NCCL "auto" yet)."""
+    from imageforge.plan import stage_inputs
+
+    stages = {stage: dict(values) for stage, values in manifest.stages.items()}
+    for stage in names:
+        if stage in walk.done or _is_auto(manifest, stage):
+            continue
+        walk.done.add(stage)
+        inputs = stage_inputs(manifest, registry[stage], stage)
+        for source in registry[stage].sources(Context(image=manifest.image,
+                                                      stages={stage: inputs})):
+            pin = walk.pin((STAGES, stage, source.name), _origin(source), _resolving(source),
+                           _known(source))
+            if pin is not None:
+                values = stages.setdefault(stage, _defaults(registry[stage]))
+                _fill(values, source, pin)
+    return dataclasses.replace(manifest, stages=stages)
+
+
+def _resolving(source: Source) -> Callable[[Resolver, Entry | None], Mapping[str, Any]]:
+    return lambda resolver, old: resolver.source(source, old)
+
+
+def _is_auto(manifest: Manifest, stage: str) -> bool:
+    return manifest.stages.get(stage, {}).get("version") == "auto"
+
+
+def _origin(source: Source) -> dict[str, str]:
+    if isinstance(source, UrlSource):
+        return {"url": source.url}
+    return {"repo": source.repo, "ref": source.ref}
+
+
+def _known(source: Source) -> dict[str, str] | None:
+    """The pin the manifest itself gives a source, if any."""
+    if isinstance(source, UrlSource):
+        return {"sha256": source.sha256} if source.sha256 else None
+    return {"commit": source.commit} if source.commit else None
+
+
+def _defaults(stage: Stage) -> dict[str, Any]:
+    return {key: field.default for key, field in stage.fields.items()}
+
+
+def _fill(values: dict[str, Any], source: Source, pin: Mapping[str, Any]) -> None:
+    key = _sha_key(source) if isinstance(source, UrlSource) else "commit"
+    value = pin.get("sha256") if isinstance(source, UrlSource) else pin.get("commit")
+    if value and not values.get(key):
+        values[key] = value
+
+
+def _sha_key(source: UrlSource) -> str:
+    # The smddp stage's optional S3 plugin pins under its own manifest key.
+    return "s3_plugin_sha256" if source.name.endswith("-s3") else "sha256"
+
+
+def _settle_pip(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
+                names: Sequence[str]) -> Manifest:
+    """Each stage's pip requirements with every dependency, at exact versions and hashes
+    (imageforge.piplock); the entry is stale when the requirements, Python or platform move."""
+    context = piplock.context(manifest, registry)
+    stages = {stage: dict(values) for stage, values in manifest.stages.items()}
+    for stage in names:
+        wanted = piplock.requirements(registry[stage], context)
+        if not wanted:
+            continue
+        origin = piplock.origin(wanted, manifest.image)
+        pin = walk.pin((PIP, stage), origin, functools.partial(_resolve_pip, stage, origin))
+        if pin is not None:
+            values = stages.setdefault(stage, _defaults(registry[stage]))
+            values[piplock.INPUT] = [dict(p) for p in pin["packages"]]
+    return dataclasses.replace(manifest, stages=stages)
+
+
+def _resolve_pip(stage: str, origin: Mapping[str, Any], resolver: Resolver,
+                 old: Entry | None) -> Mapping[str, Any]:
+    return resolver.pip(stage, origin, old)
+
+
+def _settle_nccl_pin(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
+                     names: Sequence[str]) -> Manifest:
+    """The NCCL the manifest's PyTorch pins: needed for "auto", and as evidence for the
+    NCCL-vs-PyTorch rule when the manifest pins another NCCL on purpose. It depends on
+    PyTorch's commit only, never on where PyTorch was fetched from."""
+    from imageforge.plan import stage_inputs
+
+    if "pytorch" not in names or "nccl" not in names:
+        return manifest
+    inputs = stage_inputs(manifest, registry["pytorch"], "pytorch")
+    source = registry["pytorch"].sources(Context(image=manifest.image,
+                                                 stages={"pytorch": inputs}))[0]
+    assert isinstance(source, GitSource)
+    if not source.commit:
+        walk.missing(NCCL_PIN)
+        return manifest
+    cuda = image_cuda(manifest)
+    origin = {"pytorch_version": str(inputs["version"]), "pytorch_commit": source.commit,
+              "cuda": str(cuda) if cuda else None}
+    pin = walk.pin(NCCL_PIN, origin, lambda r, old: r.nccl_pin(manifest, source, old))
+    if pin is None:
+        return manifest
+    return with_nccl_pin(manifest, NcclPin(version=pin["version"], commit=pin["commit"],
+                                           evidence=dict(pin.get("evidence", {}))))
 
 
 def with_nccl_pin(manifest: Manifest, pin: NcclPin | None) -> Manifest:
@@ -147,124 +465,138 @@ def with_nccl_pin(manifest: Manifest, pin: NcclPin | None) -> Manifest:
     return dataclasses.replace(manifest, stages={**manifest.stages, "nccl": resolved})
 
 
-def _defaults(stage: Stage) -> dict[str, Any]:
-    return {key: field.default for key, field in stage.fields.items()}
+def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) -> Manifest:
+    """The manifest with the lock's current entries applied; stale ones are left unpinned."""
+    return settle(manifest, lock, registry).manifest
 
 
-def _fill(values: dict[str, Any], entry: Mapping[str, str]) -> None:
-    for pin, key in (("sha256", entry.get("key", "sha256")), ("commit", "commit")):
-        if pin in entry and not values.get(key):
-            values[key] = entry[pin]
-
-
-def check(manifest: Manifest, lock: Lock | None, path: Path) -> None:
-    """Refuse a missing or stale lock (what `lock --check` and `build --locked` do)."""
+def check(manifest: Manifest, lock: Lock | None, path: Path, *,
+          registry: Mapping[str, Stage]) -> None:
+    """Refuse a missing lock, or one with stale entries, naming each (what `lock --check`
+    and `build --locked` do)."""
     if lock is None:
         raise LockError(f"{path}: no lock file for {manifest.path}; run `invoke lock`.")
-    if lock.manifest_digest != manifest.digest():
-        raise LockError(f"{path} is stale: {manifest.path} (with its --set overrides) changed "
-                        "since it was locked; run `invoke lock` with the same overrides.")
+    settled = settle(manifest, lock, registry)
+    if settled.stale or settled.unused:
+        raise LockError(f"{path} is stale for {manifest.path} (with its --set overrides): "
+                        f"{describe(settled)}; run `invoke lock` with the same overrides.")
 
 
-def resolve(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCache,
+def describe(settled: Settled) -> str:
+    """The stale and unused entries, in words."""
+    parts = []
+    if settled.stale:
+        parts.append("stale entries " + ", ".join(name(p) for p in settled.stale))
+    if settled.unused:
+        parts.append("unused entries " + ", ".join(name(p) for p in settled.unused))
+    return "; ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Upstream:
+    """The resolver that asks upstream: registries, git servers, download URLs."""
+
+    cache: SourceCache
+    stages: Mapping[str, Stage]
+    revisit: bool = False
+    upgrade: bool = False
+    # With `upgrade`: the stages to move (every one when empty).
+    only: Sequence[str] = ()
+    endpoints: upstream.Endpoints | None = None
+
+    def renewed(self, manifest: Manifest, names: Sequence[str]) -> list[str]:
+        if not self.upgrade:
+            return []
+        unknown = [n for n in self.only if n not in names]
+        if unknown:
+            raise ManifestError(f"--stage {unknown[0]}: {manifest.path} defines no such "
+                                f"stage; use one of {', '.join(names)}.")
+        return list(self.only) or list(names)
+
+    def upgrades(self, manifest: Manifest, registry: Mapping[str, Stage],
+                 names: Sequence[str]) -> list[upstream.Upgrade]:
+        endpoints = self.endpoints or upstream.Endpoints(locate=self.cache.locate_url)
+        return upstream.upgrades(manifest, registry, names, endpoints)
+
+    def source(self, source: Source, old: Entry | None) -> dict[str, Any]:
+        if isinstance(source, UrlSource):
+            if old and old.pin.get("sha256"):
+                return dict(old.pin)
+            return {"sha256": _hash_into_cache(source, self.cache)}
+        return {"commit": _resolve_git(source, old, self.cache)}
+
+    def base(self, ref: str, old: Entry | None) -> dict[str, Any]:
+        return dict(old.pin) if old else {"digest": _base_digest(ref)}
+
+    def extended(self, manifest: Manifest, old: Entry | None) -> dict[str, Any]:
+        return _inspect_extended(manifest, self.stages)
+
+    def nccl_pin(self, manifest: Manifest, pytorch: GitSource, old: Entry | None
+                 ) -> dict[str, Any]:
+        if old:
+            return dict(old.pin)
+        cuda = image_cuda(manifest)
+        nccl_repo = str(manifest.stages["nccl"]["repo"])
+        assert pytorch.commit
+        pin = pytorch_nccl_pin(
+            pytorch_repo=self.cache.locate_url(pytorch.repo), pytorch_commit=pytorch.commit,
+            pytorch_version=str(manifest.stages["pytorch"]["version"]), pytorch_ref=pytorch.ref,
+            cuda=str(cuda) if cuda else None, nccl_repo=self.cache.locate_url(nccl_repo),
+            mirrors=self.cache.root / "mirrors")
+        # The lock records where sources come from, not where rewrite rules sent this machine.
+        evidence = {**pin.evidence, "pytorch_repo": redact(pytorch.repo),
+                    "nccl_repo": redact(nccl_repo)}
+        return {"version": pin.version, "commit": pin.commit, "evidence": evidence}
+
+    def pip(self, stage: str, origin: Mapping[str, Any], old: Entry | None
+            ) -> dict[str, Any]:
+        if old:
+            return dict(old.pin)
+        index = (self.endpoints or upstream.Endpoints()).pypi.rstrip("/") + "/simple"
+        return {"packages": piplock.resolve(
+            stage, origin["requirements"], python=origin["python"],
+            platform=origin["platform"], index_url=index)}
+
+
+def _inspect_extended(manifest: Manifest, stages: Mapping[str, Stage]) -> dict[str, Any]:
+    """The extended image as the lock records it: its registry digest (a local image's ID is
+    a fact of this machine, kept out of the lock) and the stages it provides, from its labels
+    unless the manifest declares them."""
+    ref = str(manifest.image["extends"])
+    declared = extends.provided(manifest)
+    try:
+        found = extends.inspect(ref, stages)
+    except DockerError:
+        if declared is None:
+            raise
+        # Declared by hand: an image this host cannot see is still buildable on one that can.
+        return {"digest": None, "provides": list(declared), "versions": {}}
+    extends.check_versions(manifest, found.versions)
+    names = declared if declared is not None else found.provides
+    return {"digest": None if found.local else found.digest, "provides": list(names),
+            "versions": dict(found.versions)}
+
+
+def resolve(manifest: Manifest, stages: Mapping[str, Stage], cache: SourceCache,
             previous: Lock | None, *, upgrade: bool, only: Sequence[str] = (),
-            endpoints: upstream.Endpoints | None = None) -> Lock:
-    """Resolve every source of every defined stage. Reuses the previous lock's pins for
-    sources whose location did not change, and its version upgrades, except for the stages
-    being upgraded: `only` (every stage when empty) when `upgrade`."""
-    from imageforge.plan import stage_inputs
-
-    names = defined_stages(manifest, registry)
-    renewed = _renewed(manifest, names, only) if upgrade else []
-    old = {k: v for k, v in (previous.sources if previous else {}).items() if k not in renewed}
-    upgraded = {k: v for k, v in (previous.upgraded if previous else {}).items()
-                if k not in renewed}
-    found = upstream.upgrades(manifest, registry, renewed,
-                              endpoints or upstream.Endpoints(locate=cache.locate_url))
-    upgraded |= {move.stage: move.to_json() for move in found}
-    manifest = with_versions(manifest, {k: v["to"] for k, v in upgraded.items()},
-                             registry=registry)
-    pin = None
-    if "pytorch" in names and "nccl" in names:
-        pin = _pytorch_nccl_pin(manifest, registry, cache, old)
-        manifest = with_nccl_pin(manifest, pin)
-    inputs = {n: stage_inputs(manifest, registry[n], n) for n in names}
-    context = Context(image=manifest.image, stages=inputs)
-    resolved: dict[str, dict[str, dict[str, str]]] = {}
-    for name in names:
-        for source in registry[name].sources(context):
-            entry = _resolve_source(source, cache, old.get(name, {}).get(source.name))
-            resolved.setdefault(name, {})[source.name] = entry
-    base = str(manifest.image["base"])
-    base_digest = manifest.image.get("base_digest") or _base_digest(base)
-    base_id = None if base_digest else manifest.image.get("base_image_id") or _local_id(base)
-    return Lock(manifest_digest=manifest.digest(), base_digest=base_digest,
-                base_image_id=base_id, sources=resolved,
-                nccl_pin=dataclasses.asdict(pin) if pin else None, upgraded=upgraded)
+            endpoints: upstream.Endpoints | None = None,
+            local_id: LocalId | None = None) -> Settled:
+    """What `invoke lock` writes: the previous lock's current entries, checked against
+    upstream; its stale ones and those of the stages being upgraded (`only`, or every one,
+    when `upgrade`), resolved anew."""
+    resolver = Upstream(cache=cache, stages=stages, revisit=True, upgrade=upgrade, only=only,
+                        endpoints=endpoints)
+    return settle(manifest, previous, stages, resolver, local_id)
 
 
-def _renewed(manifest: Manifest, names: Sequence[str], only: Sequence[str]) -> list[str]:
-    """The stages `lock --upgrade` re-resolves: `only`, or all of them."""
-    unknown = [name for name in only if name not in names]
-    if unknown:
-        raise ManifestError(f"--stage {unknown[0]}: {manifest.path} defines no such stage; "
-                            f"use one of {', '.join(names)}.")
-    return list(only) or list(names)
-
-
-def _pytorch_nccl_pin(manifest: Manifest, registry: Mapping[str, Stage], cache: SourceCache,
-                      old: Mapping[str, Mapping[str, Mapping[str, str]]]) -> NcclPin:
-    """The NCCL the manifest's PyTorch pins: needed for "auto", and as evidence for
-    `invoke check` when the manifest pins another NCCL on purpose."""
-    from imageforge.plan import stage_inputs
-
-    pytorch = stage_inputs(manifest, registry["pytorch"], "pytorch")
-    source = registry["pytorch"].sources(Context(image=manifest.image,
-                                                  stages={"pytorch": pytorch}))[0]
-    assert isinstance(source, GitSource)
-    commit = _resolve_git(source, old.get("pytorch", {}).get(source.name), cache)["commit"]
-    cuda = image_cuda(manifest)
-    nccl_repo = str(manifest.stages["nccl"]["repo"])
-    pin = pytorch_nccl_pin(
-        pytorch_repo=cache.locate_url(source.repo), pytorch_commit=commit,
-        pytorch_version=str(pytorch["version"]), pytorch_ref=source.ref,
-        cuda=str(cuda) if cuda else None, nccl_repo=cache.locate_url(nccl_repo),
-        mirrors=cache.root / "mirrors")
-    # The lock records where sources come from, not where rewrite rules sent this machine.
-    evidence = {**pin.evidence, "pytorch_repo": redact(source.repo), "nccl_repo": redact(nccl_repo)}
-    return dataclasses.replace(pin, evidence=evidence)
-
-
-def _resolve_source(source: Source, cache: SourceCache, old: Mapping[str, str] | None
-                    ) -> dict[str, str]:
-    if isinstance(source, UrlSource):
-        entry = {"url": source.url, "key": _sha_key(source)}
-        if source.sha256:
-            return {**entry, "sha256": source.sha256}
-        if old and old.get("url") == source.url and old.get("sha256"):
-            return {**entry, "sha256": old["sha256"]}
-        return {**entry, "sha256": _hash_into_cache(source, cache)}
-    return _resolve_git(source, old, cache)
-
-
-def _sha_key(source: UrlSource) -> str:
-    # The smddp stage's optional S3 plugin pins under its own manifest key.
-    return "s3_plugin_sha256" if source.name.endswith("-s3") else "sha256"
-
-
-def _resolve_git(source: GitSource, old: Mapping[str, str] | None,
-                 cache: SourceCache) -> dict[str, str]:
-    entry = {"repo": source.repo, "ref": source.ref}
-    if source.commit:
-        return {**entry, "commit": source.commit}
+def _resolve_git(source: GitSource, old: Entry | None, cache: SourceCache) -> str:
     current = gitsource.resolve_ref(cache.locate_url(source.repo), source.ref)
-    same_ref = old and old.get("repo") == source.repo and old.get("ref") == source.ref
-    if same_ref and old and old.get("commit") != current:
+    if old and old.pin.get("commit") != current:
         raise LockError(
             f"{source.repo} {source.ref} now points to {current}, but the lock says "
-            f"{old.get('commit')}; if the move is expected run `invoke lock --upgrade`, "
+            f"{old.pin.get('commit')}; if the move is expected run `invoke lock --upgrade`, "
             "otherwise pin `commit` in the manifest.")
-    return {**entry, "commit": current}
+    return current
 
 
 def _hash_into_cache(source: UrlSource, cache: SourceCache) -> str:
@@ -297,70 +629,69 @@ def _base_digest(ref: str) -> str | None:
     return digest if isinstance(digest, str) and digest.startswith("sha256:") else None
 
 
-def _local_id(ref: str) -> str | None:
-    """The image ID of a base image only the local image store has, or None."""
-    try:
-        return local_image(ref)[0]
-    except (FatalError, OSError, subprocess.TimeoutExpired):
-        return None
+def text(lock: Lock, manifest: Manifest) -> str:
+    return json.dumps(lock.to_json(manifest), indent=2) + "\n"
 
 
 def write(path: Path, lock: Lock, manifest: Manifest) -> None:
     """Atomic: the lock file is replaced whole or left as it was."""
-    text = json.dumps(lock.to_json(manifest), indent=2, sort_keys=False) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+            handle.write(text(lock, manifest))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def pins_moved(old: Lock | None, new: Lock) -> bool:
+    """True when some pin differs (not merely where it was resolved from)."""
+    before = old.entries if old else {}
+    return any(before.get(path, Entry(origin={}, pin={})).pin != entry.pin
+               for path, entry in new.entries.items()) or bool(set(before) - set(new.entries))
+
+
 def diff(old: Lock | None, new: Lock) -> list[str]:
-    """Human lines describing what changed between two locks."""
-    lines: list[str] = []
-    before = old.sources if old else {}
-    for stage in sorted(set(before) | set(new.sources)):
-        a, b = before.get(stage, {}), new.sources.get(stage, {})
-        for name in sorted(set(a) | set(b)):
-            if a.get(name) != b.get(name):
-                pin_a = _pin(a.get(name))
-                pin_b = _pin(b.get(name))
-                lines.append(f"{stage}: {name} {pin_a} -> {pin_b}")
-    lines += _upgrade_lines(old.upgraded if old else {}, new.upgraded)
-    old_pin = (old.nccl_pin or {}) if old else {}
-    new_pin = new.nccl_pin or {}
-    if (old_pin.get("version"), old_pin.get("commit")) != (new_pin.get("version"),
-                                                          new_pin.get("commit")):
-        lines.append(f"nccl pinned by pytorch: {old_pin.get('version')} -> "
-                     f"{new_pin.get('version')} ({new_pin.get('commit')})")
-    if (old.base_digest if old else None) != new.base_digest:
-        lines.append(f"base: {old.base_digest if old else None} -> {new.base_digest}")
-    elif (old.base_image_id if old else None) != new.base_image_id:
-        lines.append(f"base image: {old.base_image_id if old else None} -> {new.base_image_id}")
+    """Human lines describing what changed between two locks, entry by entry."""
+    before = old.entries if old else {}
+    lines = []
+    for path in sorted(set(before) | set(new.entries)):
+        a, b = before.get(path), new.entries.get(path)
+        if a == b:
+            continue
+        if a is not None and b is not None and a.pin == b.pin:
+            lines.append(f"{name(path)}: same pin, now from {_words(b.origin)}")
+        else:
+            lines.append(_pin_line(path, a, b))
     return lines
 
 
-def _upgrade_lines(before: Mapping[str, Mapping[str, str]],
-                   after: Mapping[str, Mapping[str, str]]) -> list[str]:
-    """`efa: 1.14.1 -> 1.15.1 (policy ~=1.14)`, from the version the old lock built."""
-    lines = []
-    for stage in sorted(set(before) | set(after)):
-        a, b = before.get(stage), after.get(stage)
-        if (a or {}).get("to") == (b or {}).get("to"):
-            continue
+def _pin_line(path: EntryPath, a: Entry | None, b: Entry | None) -> str:
+    if path[0] == STAGES:
+        return f"{path[1]}: {path[2]} {_pin(a)} -> {_pin(b)}"
+    if path[0] == UPGRADED:
         if b is None:
             assert a is not None
-            lines.append(f"{stage}: {a['to']} -> {a['from']} (the manifest's version)")
-        else:
-            lines.append(f"{stage}: {a['to'] if a else b['from']} -> {b['to']} "
-                         f"(policy {b['policy']})")
-    return lines
+            return f"{path[1]}: {a.pin['to']} -> {a.origin['version']} (the manifest's version)"
+        start = a.pin["to"] if a else b.origin["version"]
+        return f"{path[1]}: {start} -> {b.pin['to']} (policy {b.origin['policy']})"
+    if path[0] == PIP:
+        return f"{path[1]}: pip " + piplock.moves(a.pin if a else {}, b.pin if b else {})
+    if path == NCCL_PIN:
+        version = b.pin.get("version") if b else None
+        commit = b.pin.get("commit") if b else None
+        return (f"nccl pinned by pytorch: {a.pin.get('version') if a else None} -> "
+                f"{version} ({commit})")
+    return f"{name(path)}: {_pin(a)} -> {_pin(b)}"
 
 
-def _pin(entry: Mapping[str, str] | None) -> str:
-    if not entry:
+def _pin(entry: Entry | None) -> str:
+    if entry is None:
         return "(none)"
-    return entry.get("commit") or entry.get("sha256") or "?"
+    pin = entry.pin
+    return str(pin.get("commit") or pin.get("sha256") or pin.get("digest") or _words(pin))
+
+
+def _words(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in values.items() if not isinstance(v, dict | list))

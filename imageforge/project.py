@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from imageforge import codedir, compat, extends, lock
+from imageforge import codedir, compat, extends, localimages, lock
 from imageforge import manifest as manifest_mod
 from imageforge import mirror as mirror_mod
 from imageforge.artifacts import ArtifactStore
-from imageforge.errors import DockerError, ManifestError
+from imageforge.errors import ManifestError
 from imageforge.execute import is_external
 from imageforge.manifest import Manifest
 from imageforge.plan import Plan, Status, defined_targets, make_plan
@@ -44,15 +45,45 @@ class Settings:
     mirror: str | None = None
 
 
-def load_manifest(settings: Settings) -> Manifest:
-    """The manifest with --set overrides, its lock's pins when the lock is current, and the
-    digest of the user's code."""
+def load_manifest(settings: Settings, *, resolve: bool = False) -> Manifest:
+    """The manifest with --set overrides, its lock applied entry by entry, and the digest of
+    the user's code. `resolve` (build, fetch): the lock's stale entries are resolved upstream
+    for this run; otherwise they stay unpinned, and their stages are keyed by location."""
+    return codedir.apply(settle(settings, resolve=resolve).manifest)
+
+
+def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
+    """The lock applied to the effective manifest, after every compatibility rule passed."""
     loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
+    local = local_ids(settings, "record" if resolve else "read")
+    settled = lock.settle(loaded, current, STAGES, local_id=local)
     if settings.locked:
-        lock.check(loaded, current, path)
-    return codedir.apply(lock.apply(loaded, current, STAGES))
+        lock.check(loaded, current, path, registry=STAGES)
+    elif resolve and settled.unresolved:
+        resolver = lock.Upstream(cache=source_cache(settings), stages=STAGES)
+        settled = lock.settle(loaded, current, STAGES, resolver, local)
+    _tell_stale(path, current, settled, resolved=resolve)
+    return settled
+
+
+def _tell_stale(path: Path, current: lock.Lock | None, settled: lock.Settled, *,
+                resolved: bool) -> None:
+    if not settled.stale:
+        return
+    how = ("resolved for this run" if resolved else
+           "not resolved by this command (`invoke build` resolves them)")
+    what = (f"no {path.name}: its {len(settled.stale)} pins are" if current is None else
+            f"{path.name}: {len(settled.stale)} stale entries "
+            f"({', '.join(lock.name(p) for p in settled.stale)})")
+    print(f"imageforge: {what} {how}; `invoke lock` records them.", file=sys.stderr)
+
+
+def local_ids(settings: Settings, mode: localimages.Mode) -> lock.LocalId:
+    """This machine's IDs of local-only base images, from the local cache (not the lock)."""
+    store = localimages.LocalImages(settings.cache_dir)
+    return lambda ref: store.id_for(ref, mode)
 
 
 def registry_for(manifest: Manifest) -> Mapping[str, Stage]:
@@ -60,10 +91,11 @@ def registry_for(manifest: Manifest) -> Mapping[str, Stage]:
     return extends.registry(STAGES, manifest)
 
 
-def plan(settings: Settings, target: str, *, remote: Remote | None = None) -> Plan:
+def plan(settings: Settings, target: str, *, remote: Remote | None = None,
+         resolve: bool = False) -> Plan:
     """The plan with each stage's status: in the local artifact store, in the remote one,
-    or to be built."""
-    loaded = load_manifest(settings)
+    or to be built. `resolve`: see load_manifest."""
+    loaded = load_manifest(settings, resolve=resolve)
     planned = make_plan(loaded, target, registry_for(loaded))
     return with_statuses(planned, artifact_store(settings), remote)
 
@@ -111,48 +143,31 @@ def write_lock(settings: Settings, *, upgrade: bool,
                             "without --mirror.")
     loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
     path = lock.lock_path(settings.manifest)
-    previous = lock.read(path)
-    if previous is not None and previous.manifest_digest != loaded.digest():
-        # Pins of a different effective manifest are not evidence for this one.
-        previous = None
-    loaded, extended = _extends(loaded)
-    new = lock.resolve(loaded, registry_for(loaded), source_cache(settings), previous,
-                       upgrade=upgrade, only=stages)
-    new = dataclasses.replace(new, extends=extended)
+    # A lock an older imageforge wrote is replaced whole.
+    previous = lock.read(path, old_ok=True)
+    settled = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade,
+                           only=stages, local_id=local_ids(settings, "refresh"))
+    new = settled.lock()
     changes = lock.diff(previous, new)
     # Same pins, same creation time: only a moved pin gives images a new date.
-    kept = previous.source_date_epoch if previous and not changes else None
+    kept = previous.source_date_epoch if previous and not lock.pins_moved(previous, new) else None
     new = dataclasses.replace(new, source_date_epoch=kept or int(time.time()))
-    lock.write(path, new, loaded)
+    # An unchanged lock is left untouched, byte for byte (a committed one stays clean).
+    if not path.exists() or path.read_text() != lock.text(new, loaded):
+        lock.write(path, new, loaded)
     return path, changes
 
 
-def _extends(loaded: Manifest) -> tuple[Manifest, dict[str, Any] | None]:
-    """The manifest with what its extended image provides (from the image's labels unless
-    declared), and that image as the lock records it."""
-    ref = loaded.image.get("extends")
-    if not ref:
-        return loaded, None
-    declared = extends.provided(loaded)
-    try:
-        found = extends.inspect(str(ref), STAGES)
-    except DockerError:
-        if declared is None:
-            raise
-        # Declared by hand: an image this host cannot see is still buildable on one that can.
-        return loaded, {"ref": ref, "digest": None, "provides": list(declared), "versions": {}}
-    extends.check_versions(loaded, found.versions)
-    names = declared if declared is not None else found.provides
-    pinned = found.to_json(str(ref))
-    return extends.with_provides(loaded, names, pinned), pinned
-
-
 def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
-    """The lock when it matches the effective manifest, and the sha256 of its file."""
+    """The lock when every entry the effective manifest needs is current, and the sha256 of
+    its file."""
     loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
     path = lock.lock_path(settings.manifest)
     found = lock.read(path)
-    if found is None or found.manifest_digest != loaded.digest():
+    if found is None:
+        return None
+    settled = lock.settle(loaded, found, STAGES)
+    if settled.stale or settled.unused:
         return None
     return found, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -160,7 +175,7 @@ def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
 def check_lock(settings: Settings) -> Path:
     loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
     path = lock.lock_path(settings.manifest)
-    lock.check(loaded, lock.read(path), path)
+    lock.check(loaded, lock.read(path), path, registry=STAGES)
     return path
 
 
@@ -173,13 +188,13 @@ def mirror_sync(settings: Settings, to: Path) -> Path:
     raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
-    lock.check(raw, current, path)
-    applied = lock.apply(raw, current, STAGES)
+    lock.check(raw, current, path, registry=STAGES)
+    applied = lock.settle(raw, current, STAGES).manifest
     return mirror_mod.sync(applied, registry_for(applied), source_cache(settings), to)
 
 
 def fetch(settings: Settings, target: str) -> dict[str, Path]:
-    planned = plan(settings, target)
+    planned = plan(settings, target, resolve=True)
     return source_cache(settings).materialize_all(planned.sources())
 
 
@@ -190,20 +205,19 @@ def check(settings: Settings) -> list[str]:
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
     if settings.locked:
-        lock.check(raw, current, path)
-    fresh = current if current and current.manifest_digest == raw.digest() else None
-    pin = fresh.pin() if fresh else None
+        lock.check(raw, current, path, registry=STAGES)
+    settled = lock.settle(raw, current, STAGES, local_id=local_ids(settings, "read"))
+    pin = settled.nccl_pin()
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
-    raw = manifest_mod.with_versions(raw, fresh.versions(), registry=STAGES) if fresh else raw
-    violations = compat.check(raw) + compat.nccl_pin_rule(raw, pin)
+    judged = manifest_mod.with_versions(raw, settled.lock().versions(), registry=STAGES)
+    violations = compat.check(judged) + compat.nccl_pin_rule(judged, pin)
     compat.require_compatible(violations, manifest=settings.manifest)
-    lines = [f"note: {note}" for note in compat.notes(raw)]
-    explanation = compat.explain_nccl_difference(raw, pin)
+    lines = [f"note: {note}" for note in compat.notes(judged)]
+    explanation = compat.explain_nccl_difference(judged, pin)
     if explanation:
         lines.append(f"note: {explanation}")
-    lines.append(f"lock: {path.name} " + ("current" if fresh else
-                                          "missing or stale (run `invoke lock`)"))
-    loaded = lock.apply(raw, current, STAGES)
+    lines.append(f"lock: {path.name} " + _lock_state(current, settled))
+    loaded = settled.manifest
     if raw.stages.get("nccl", {}).get("version") == "auto" and pin is None:
         lines.append('nccl: version "auto" is resolved by `invoke lock`; plans need the lock')
         return lines
@@ -214,6 +228,14 @@ def check(settings: Settings) -> list[str]:
     lines += [f"warning: {w}" for w in warned]
     lines += [f"{p.target}: {len(p.stages)} stages" for p in plans]
     return lines
+
+
+def _lock_state(current: lock.Lock | None, settled: lock.Settled) -> str:
+    if current is None:
+        return "missing (run `invoke lock`)"
+    if settled.stale or settled.unused:
+        return f"has {lock.describe(settled)} (run `invoke lock`)"
+    return "current"
 
 
 def dockerfile(planned: Plan) -> str:

@@ -39,6 +39,10 @@ class Field:
     # False for keys that steer resolution or verification (version policy, signing key),
     # not the build: changing them must not change the stage key and rebuild.
     keyed: bool = True
+    # For a source's location (url, repo, ref): the key of the pin it resolves to (sha256,
+    # commit). Once that pin is known, where the bytes came from is not part of the key, so a
+    # mirror, or a ref naming the same commit, serves the same key.
+    locates: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,16 +148,24 @@ POLICY = Field(kind="specifier", keyed=False,
 
 
 def keyed_inputs(stage: Stage, inputs: Inputs) -> dict[str, Any]:
-    """The inputs that are part of the stage key (see Field.keyed)."""
-    return {k: v for k, v in inputs.items() if k not in stage.fields or stage.fields[k].keyed}
+    """The inputs that are part of the stage key (see Field.keyed and Field.locates)."""
+    def keyed(key: str) -> bool:
+        field = stage.fields.get(key)
+        if field is None:
+            return True
+        return field.keyed and not (field.locates and inputs.get(field.locates))
+
+    return {k: v for k, v in inputs.items() if keyed(k)}
 
 
 def git_fields(*, repo: str, ref: str, what: str) -> dict[str, Field]:
     """The keys every stage built from a git repository has."""
     return {
         "version": Field(kind="version", required=True, help=f"{what} version to build"),
-        "repo": Field(kind="repo", default=repo, help=f"git URL (or mirror path) of {what}"),
-        "ref": Field(kind="ref", default=ref, help="tag or branch; `{version}` is substituted"),
+        "repo": Field(kind="repo", default=repo, locates="commit",
+                      help=f"git URL (or mirror path) of {what}"),
+        "ref": Field(kind="ref", default=ref, locates="commit",
+                     help="tag or branch; `{version}` is substituted"),
         "commit": Field(kind="commit", locked=True, help="commit SHA the ref resolved to (lock)"),
         "policy": POLICY,
     }
@@ -163,7 +175,7 @@ def url_fields(*, url: str, what: str) -> dict[str, Field]:
     """The keys every stage built from one downloaded file has."""
     return {
         "version": Field(kind="version", required=True, help=f"{what} version"),
-        "url": Field(kind="url", default=url or None, required=not url,
+        "url": Field(kind="url", default=url or None, required=not url, locates="sha256",
                      help="download URL; `{version}` is substituted"),
         "sha256": Field(kind="sha256", locked=True, help="sha256 of the file (lock)"),
         "policy": POLICY,

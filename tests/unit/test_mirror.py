@@ -180,7 +180,8 @@ def test_rewrite_rules_move_every_fetch_and_locks_keep_the_original_urls(
     text = lock_file.read_text()
     assert sample_server.url not in text
     locked = json.loads(text)
-    assert locked["stages"]["pytorch"]["src-pytorch"]["repo"] == f"{original}/git/pytorch.git"
+    assert locked["stages"]["pytorch"]["src-pytorch"]["from"]["repo"] == \
+        f"{original}/git/pytorch.git"
     assert locked["nccl_pytorch_pin"]["evidence"]["nccl_repo"] == f"{original}/git/nccl.git"
     assert locked["upgraded"]["efa"]["source"] == f"{original}/files/"
     assert (fetched["src-pytorch"] / "third_party/nccl/nccl/Makefile").is_file()

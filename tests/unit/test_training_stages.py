@@ -3,7 +3,6 @@ a prebuilt image, the CA bundle option, the SSH key warning."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -217,20 +216,22 @@ def test_a_manifest_pinning_another_version_of_a_provided_stage_is_refused(
 def test_the_locked_image_pins_the_key(tmp_path: Path, local: bool) -> None:
     raw = load(extended(tmp_path, None), (), registry=STAGES)
     digest = "sha256:" + "ab" * 32
-    pinned = {"ref": raw.image["extends"], "digest": digest, "local": local,
-              "provides": PYTORCH_IMAGE, "versions": {}}
-    locked = lock.Lock(manifest_digest=raw.digest(), base_digest=None, sources={},
-                       extends=pinned)
-    applied = lock.apply(raw, locked, STAGES)
-    plan = make_plan(applied, "smddp", extends.registry(STAGES, applied))
-    base = plan.stage("base").recipe
+    # A local image's ID is a fact of this machine: the lock has no digest for it, the
+    # local cache has its ID.
+    pinned = {"digest": None if local else digest, "provides": PYTORCH_IMAGE, "versions": {}}
+    locked = lock.Lock(entries={lock.EXTENDS: lock.Entry(
+        origin={"ref": raw.image["extends"]}, pin=pinned)})
+
+    def keys(image_id: str) -> tuple[str, str]:
+        applied = lock.settle(raw, locked, STAGES, local_id=lambda ref: image_id).manifest
+        plan = make_plan(applied, "smddp", extends.registry(STAGES, applied))
+        return plan.stage("base").recipe, plan.stage("smddp").key
+
+    base, key = keys(digest)
     # A registry digest goes into FROM; a local image ID cannot (BuildKit would ask a
     # registry for it), so it pins the key only and is checked before building.
     assert (f"@{digest}" in base) is not local
-    other = dataclasses.replace(locked, extends={**pinned, "digest": "sha256:" + "cd" * 32})
-    applied2 = lock.apply(raw, other, STAGES)
-    plan2 = make_plan(applied2, "smddp", extends.registry(STAGES, applied2))
-    assert plan.stage("smddp").key != plan2.stage("smddp").key
+    assert (keys("sha256:" + "cd" * 32)[1] != key) is local
 
 
 # ---------------------------------------------------------------- CA bundle, warnings
@@ -288,23 +289,19 @@ def test_a_stage_the_extended_image_has_is_no_target(tmp_path: Path) -> None:
 
 def test_a_local_base_image_is_pinned_by_its_id(tmp_path: Path) -> None:
     """A base only this machine has (like the sample's) has no registry digest: its image ID
-    pins the keys, so stages built on an older image of the same tag are not reused."""
+    pins the keys, so stages built on an older image of the same tag are not reused. The ID
+    comes from the local cache, never from the committed lock."""
     raw = load(SMDDP, (), registry=STAGES)
     ids = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]
+    locked = lock.Lock(entries={lock.BASE: lock.Entry(origin={"ref": raw.image["base"]},
+                                                      pin={"digest": None})})
+    path = tmp_path / "m.lock.json"
+    lock.write(path, locked, raw)
+    assert "sha256:1" not in path.read_text()
     keys = []
     for image_id in ids:
-        locked = lock.Lock(manifest_digest=raw.digest(), base_digest=None, sources={},
-                           base_image_id=image_id)
-        path = tmp_path / "m.lock.json"
-        lock.write(path, locked, raw)
-        again = lock.read(path)
-        assert again is not None and again.base_image_id == image_id
-        applied = lock.apply(raw, again, STAGES)
-        plan = make_plan(applied, "smddp", STAGES)
+        applied = lock.settle(raw, lock.read(path), STAGES, local_id=lambda ref, i=image_id: i)
+        plan = make_plan(applied.manifest, "boost", STAGES)
         assert "@sha256" not in plan.stage("base").recipe
         keys.append({s.name: s.key for s in plan.stages})
     assert all(keys[0][name] != keys[1][name] for name in keys[0])
-    assert lock.diff(lock.Lock(manifest_digest="", base_digest=None, sources={},
-                               base_image_id=ids[0]),
-                     lock.Lock(manifest_digest="", base_digest=None, sources={},
-                               base_image_id=ids[1])) == [f"base image: {ids[0]} -> {ids[1]}"]
