@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json as jsonlib
+import math
 import os
 import signal
 import sys
@@ -22,7 +23,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from imageforge import diskfull, project
-from imageforge.errors import FatalError, ManifestError
+from imageforge.errors import FatalError, UsageError
 from imageforge.mirror import parse_rewrites
 from imageforge.plan import Plan
 
@@ -35,6 +36,7 @@ REMOTE_HELP = ("registry repository of the shared artifact cache, e.g. "
                "127.0.0.1:5000/imageforge-cache (default: imageforge.remote in invoke.yaml)")
 MIRROR_HELP = ("fetch only from this mirror (a directory or URL made by mirror.sync); "
                "the original URLs are never contacted")
+TARGET_DEFAULT = "default: the image the manifest defines"
 
 
 
@@ -59,14 +61,51 @@ def boundary(func: F) -> F:
             raise Exit(f"imageforge: {exc}", code=exc.return_code) from None
         except OSError as exc:
             # The modules that write name their place; this catches any write they missed.
-            if not diskfull.is_full(exc):
+            if diskfull.is_full(exc):
+                full = diskfull.error(Path(exc.filename).parent if exc.filename else Path.cwd())
+                raise Exit(f"imageforge: {full}", code=full.return_code) from None
+            if exc.filename is None:
                 raise
-            full = diskfull.error(Path(exc.filename).parent if exc.filename else Path.cwd())
-            raise Exit(f"imageforge: {full}", code=full.return_code) from None
+            # A path given by a flag (or a setting) that cannot be read or written.
+            raise Exit(f"imageforge: {exc.filename}: {exc.strerror or exc}; check that path and "
+                       "the flag or setting that names it.", code=UsageError.return_code) from None
         except KeyboardInterrupt:
             raise Exit("imageforge: interrupted.", code=130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def whole_number(flag: str, value: str | int, *, minimum: int) -> int:
+    """A flag's whole-number value; invoke would raise a traceback on a typed flag."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = minimum - 1
+    if number < minimum:
+        raise UsageError(f"--{flag} {value}: give a whole number of at least {minimum}.")
+    return number
+
+
+def ratio(flag: str, value: str | float) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise UsageError(f"--{flag} {value}: give a number above 0, e.g. 1.2.")
+    return number
+
+
+def write_output(flag: str, path: str, text: str, *, append: bool = False) -> None:
+    """Write (or append to) the file a flag names; refusing a path names that flag."""
+    try:
+        with open(path, "a" if append else "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        if diskfull.is_full(exc):
+            raise
+        raise UsageError(f"{flag} {path}: cannot write it ({exc.strerror or exc}); give a file "
+                         "in an existing, writable directory.") from None
 
 
 def settings(c: Context, manifest: str | None, overrides: list[str] | None,
@@ -97,29 +136,37 @@ def check(c: Context, manifest: str | None = None, set: list[str] | None = None,
 
 
 @task(
-    help={"target": "stage to plan (any stage name)", "manifest": MANIFEST_HELP, "set": SET_HELP,
+    help={"target": f"stage to plan (any stage name; {TARGET_DEFAULT})", "manifest": MANIFEST_HELP,
+          "set": SET_HELP,
           "json": "print the plan as one JSON object",
           "graph": "also write the DAG (.dot/.svg/.png)", "remote": REMOTE_HELP},
     iterable=["set"],
 )
 @boundary
-def plan(c: Context, target: str = "smddp", manifest: str | None = None,
+def plan(c: Context, target: str | None = None, manifest: str | None = None,
          set: list[str] | None = None, json: bool = False, graph: str | None = None,
          remote: str | None = None) -> None:
     """Show the stages a target needs, in build order, with keys and cache status."""
     from imageforge import remote as remote_mod
 
     s = settings(c, manifest, set, remote=remote)
+    target = target or project.default_target(s)
     with remote_mod.session(s.remote) as registry:
         planned = project.plan(s, target, remote=registry)
+    verdict = project.waived(s, planned.manifest)
     if graph:
         from imageforge.graph import write_graph
 
         write_graph(planned, Path(graph))
     if json:
-        print(jsonlib.dumps(planned.to_json(project.manifest_label(s.manifest)), indent=2))
+        document = planned.to_json(project.manifest_label(s.manifest))
+        if verdict.accepted:
+            document["waived"] = [accepted.to_json() for accepted in verdict.accepted]
+        print(jsonlib.dumps(document, indent=2))
         return
     print(f"target {planned.target}  manifest {project.manifest_label(s.manifest)}")
+    for line in verdict.lines():
+        print(line)
     extended = planned.manifest.image.get("extends")
     if extended:
         print(f"on {extended}, which already has: {', '.join(planned.manifest.image['provides'])}")
@@ -130,33 +177,35 @@ def plan(c: Context, target: str = "smddp", manifest: str | None = None,
 
 
 @task(
-    help={"target": "stage to render", "manifest": MANIFEST_HELP, "set": SET_HELP,
+    help={"target": f"stage to render ({TARGET_DEFAULT})", "manifest": MANIFEST_HELP,
+          "set": SET_HELP,
           "format": "dockerfile (default), or bake: a docker-bake.json with one target per "
                     "stage (run `invoke fetch` first: it names the fetched sources)",
           "output": "write to this file instead of standard output"},
     iterable=["set"],
 )
 @boundary
-def render(c: Context, target: str = "smddp", manifest: str | None = None,
+def render(c: Context, target: str | None = None, manifest: str | None = None,
            set: list[str] | None = None, format: str = "dockerfile",
            output: str | None = None) -> None:
     """Print the multi-stage Dockerfile (or a docker-bake.json) for a target."""
+    if format not in ("dockerfile", "bake"):
+        raise UsageError(f"--format {format}: unknown format; use dockerfile or bake.")
     s = settings(c, manifest, set)
-    planned = project.plan(s, target)
+    planned = project.plan(s, target or project.default_target(s))
     if format == "dockerfile":
         text = project.dockerfile(planned)
-    elif format == "bake":
-        text = jsonlib.dumps(project.bake(s, planned), indent=2) + "\n"
     else:
-        raise FatalError(f"--format {format}: unknown format; use dockerfile or bake.")
+        text = jsonlib.dumps(project.bake(s, planned), indent=2) + "\n"
     if output:
-        Path(output).write_text(text)
+        write_output("--output", output, text)
     else:
         sys.stdout.write(text)
 
 
 @task(
-    help={"target": "stage to build (any stage name)", "manifest": MANIFEST_HELP, "set": SET_HELP,
+    help={"target": f"stage to build (any stage name; {TARGET_DEFAULT})",
+          "manifest": MANIFEST_HELP, "set": SET_HELP,
           "push": "push to the registry in --tag instead of loading into Docker",
           "tag": "image reference (default imageforge/<name>:<target>-<key>)",
           "builder": "buildx builder to use (default: the current one)",
@@ -178,7 +227,7 @@ def render(c: Context, target: str = "smddp", manifest: str | None = None,
     iterable=["set"],
 )
 @boundary
-def build(c: Context, target: str = "smddp", manifest: str | None = None,
+def build(c: Context, target: str | None = None, manifest: str | None = None,
           set: list[str] | None = None, push: bool = False, tag: str | None = None,
           builder: str | None = None, progress: str = "auto", dry_run: bool = False,
           locked: bool = False, remote: str | None = None, test: bool = True,
@@ -193,23 +242,26 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
     from imageforge.build import summary as summary_table
 
     if progress not in ("auto", "plain", "json", "tty"):
-        raise FatalError(f"--progress {progress}: use auto, plain or json.")
-    overrides, target = code_overrides(code, program, target)
+        raise UsageError(f"--progress {progress}: use auto, plain or json.")
+    overrides, code_target = code_overrides(code, program, target)
     bundle = cabundle.resolve(ca_bundle or c.config.get("imageforge", {}).get("ca_bundle") or None)
+    s = settings(c, manifest, [*(set or []), *overrides], locked=locked, remote=remote,
+                 mirror=mirror)
+    target = code_target or project.default_target(s)
     options = BuildOptions(target=target, tag=tag, push=push, builder=builder,
                            progress=progress, dry_run=dry_run,  # type: ignore[arg-type]
                            ca_bundle=bundle)
-    s = settings(c, manifest, [*(set or []), *overrides], locked=locked, remote=remote,
-                 mirror=mirror)
     s = dataclasses.replace(s, layer_cache=layer_cache or c.config.get("imageforge", {}).get(
         "layer_cache") or None)
     result = run_build(s, options)
     if result is None:
         return
     print(summary_table(result))
-    for path in filter(None, [summary, os.environ.get("GITHUB_STEP_SUMMARY")]):
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(markdown_summary(result))
+    if summary:
+        write_output("--summary", summary, markdown_summary(result), append=True)
+    github = os.environ.get("GITHUB_STEP_SUMMARY")
+    if github:
+        write_output("$GITHUB_STEP_SUMMARY", github, markdown_summary(result), append=True)
     if not test or not project.is_image(target):
         return
     if push:
@@ -221,17 +273,17 @@ def build(c: Context, target: str = "smddp", manifest: str | None = None,
     check_image(s, project.plan(s, target), result.tag)
 
 
-def code_overrides(code: str | None, program: str | None, target: str
-                   ) -> tuple[list[str], str]:
+def code_overrides(code: str | None, program: str | None, target: str | None
+                   ) -> tuple[list[str], str | None]:
     """`--code DIR --program FILE` as --set overrides of the code stage, which they make the
-    target when the target is the image the code goes on (smddp)."""
+    target when no target or the image the code goes on (smddp) is given."""
     if code is None and program is None:
         return [], target
     if code is None or program is None:
-        raise ManifestError("--code and --program go together: --code names the directory of "
-                            "the training code, --program the script in it SageMaker runs.")
+        raise UsageError("--code and --program go together: --code names the directory of "
+                         "the training code, --program the script in it SageMaker runs.")
     overrides = [f"stages.code.dir={Path(code).resolve()}", f"stages.code.program={program}"]
-    return overrides, "code" if target == "smddp" else target
+    return overrides, "code" if target in (None, "smddp") else target
 
 
 @task(
@@ -257,22 +309,23 @@ def lock(c: Context, manifest: str | None = None, set: list[str] | None = None,
 
 
 @task(
-    help={"target": "stage whose sources to fetch (and its dependencies')",
+    help={"target": f"stage whose sources to fetch, and its dependencies' ({TARGET_DEFAULT})",
           "manifest": MANIFEST_HELP, "set": SET_HELP, "mirror": MIRROR_HELP},
     iterable=["set"],
 )
 @boundary
-def fetch(c: Context, target: str = "smddp", manifest: str | None = None,
+def fetch(c: Context, target: str | None = None, manifest: str | None = None,
           set: list[str] | None = None, mirror: str | None = None) -> None:
     """Download and verify every source a target needs into the source cache."""
-    fetched = project.fetch(settings(c, manifest, set, mirror=mirror), target)
+    s = settings(c, manifest, set, mirror=mirror)
+    fetched = project.fetch(s, target or project.default_target(s))
     for name, path in sorted(fetched.items()):
         print(f"{name:<20} {path}")
 
 
 @task(
     name="test-image",
-    help={"target": "image target whose checks to run (efa-nccl, smddp)",
+    help={"target": f"image target whose checks to run, e.g. efa-nccl ({TARGET_DEFAULT})",
           "image": "image reference to check (default: the one `build` tags)",
           "manifest": MANIFEST_HELP, "set": SET_HELP,
           "hardware": "also run the checks that need a GPU or an EFA device (real instances)",
@@ -284,7 +337,7 @@ def fetch(c: Context, target: str = "smddp", manifest: str | None = None,
     auto_shortflags=False,
 )
 @boundary
-def test_image(c: Context, target: str = "smddp", image: str | None = None,
+def test_image(c: Context, target: str | None = None, image: str | None = None,
                manifest: str | None = None, set: list[str] | None = None,
                hardware: bool = False, json: str | None = None, junit: str | None = None,
                report: str | None = None) -> None:
@@ -292,11 +345,12 @@ def test_image(c: Context, target: str = "smddp", image: str | None = None,
     one fails. Passing runs are recorded by image digest in cache/tests/."""
     from imageforge.build import default_tag
 
-    s = settings(c, manifest, set)
-    planned = project.plan(s, target)
-    if not project.is_image(target):
-        raise FatalError(f"--target {target} is a builder stage; test-image checks image "
+    if target is not None and not project.is_image(target):
+        raise UsageError(f"--target {target} is not an image; test-image checks image "
                          f"targets: {', '.join(project.image_targets())}.")
+    s = settings(c, manifest, set)
+    target = target or project.default_target(s)
+    planned = project.plan(s, target)
     json_path = Path(json) if json else None
     junit_path = Path(junit) if junit else None
     if report:
@@ -347,12 +401,12 @@ def cache_ls(c: Context, json: bool = False) -> None:
                           "keep_last": "always keep the N most recently used entries per stage"})
 @boundary
 def cache_prune(c: Context, max_size: str | None = None, older_than: str | None = None,
-                keep_last: int = 0) -> None:
+                keep_last: str = "0") -> None:
     """Remove artifacts by age and size (never while a build uses them)."""
     from imageforge.cachecmd import prune
 
     print(prune(settings(c, None, None), max_size=max_size, older_than=older_than,
-                keep_last=keep_last))
+                keep_last=whole_number("keep-last", keep_last, minimum=0)))
 
 
 @task(name="push", help={"remote": REMOTE_HELP, "target": "only the stages of this target",
@@ -366,26 +420,30 @@ def cache_push(c: Context, remote: str | None = None, target: str | None = None,
     print(push(settings(c, manifest, set, remote=remote), target))
 
 
-@task(name="pull", help={"remote": REMOTE_HELP, "target": "the target whose stages to pull",
+@task(name="pull", help={"remote": REMOTE_HELP,
+                         "target": f"the target whose stages to pull ({TARGET_DEFAULT})",
                          "manifest": MANIFEST_HELP, "set": SET_HELP}, iterable=["set"])
 @boundary
-def cache_pull(c: Context, target: str = "smddp", remote: str | None = None,
+def cache_pull(c: Context, target: str | None = None, remote: str | None = None,
                manifest: str | None = None, set: list[str] | None = None) -> None:
     """Download a target's artifacts from the remote cache into the local one."""
     from imageforge.cachecmd import pull
 
-    print(pull(settings(c, manifest, set, remote=remote), target))
+    s = settings(c, manifest, set, remote=remote)
+    print(pull(s, target or project.default_target(s)))
 
 
-@task(help={"target": "stage to explain", "manifest": MANIFEST_HELP, "set": SET_HELP,
+@task(help={"target": f"stage to explain ({TARGET_DEFAULT})", "manifest": MANIFEST_HELP,
+            "set": SET_HELP,
             "remote": REMOTE_HELP}, iterable=["set"])
 @boundary
-def explain(c: Context, target: str = "smddp", manifest: str | None = None,
+def explain(c: Context, target: str | None = None, manifest: str | None = None,
             set: list[str] | None = None, remote: str | None = None) -> None:
     """For each stage that must rebuild, what differs from its last build here."""
     from imageforge.cachecmd import explain as explain_plan
 
-    print(explain_plan(settings(c, manifest, set, remote=remote), target))
+    s = settings(c, manifest, set, remote=remote)
+    print(explain_plan(s, target or project.default_target(s)))
 
 
 @task(name="sync", help={"to": "directory to write the mirror into", "manifest": MANIFEST_HELP,
@@ -396,13 +454,13 @@ def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
     """Copy every source of a locked manifest into DIR (files, bare git repos, index.json)
     for air-gapped builds with --mirror DIR."""
     if not to:
-        raise FatalError("mirror.sync needs --to DIR.")
+        raise UsageError("mirror.sync needs --to DIR: the directory to write the mirror into.")
     print(project.mirror_sync(settings(c, manifest, set), Path(to)))
 
 
 @task(
     help={"manifest": MANIFEST_HELP, "set": SET_HELP,
-          "target": "image target (default: smddp when the manifest defines it)",
+          "target": f"image target ({TARGET_DEFAULT})",
           "push": "push the dated tag (and promote in the registry)",
           "repository": "registry repository for the tags, e.g. registry:5000/training",
           "channel": "tag promoted on success (default golden)",
@@ -418,7 +476,7 @@ def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
 def nightly(c: Context, manifest: str | None = None, set: list[str] | None = None,
             target: str | None = None, push: bool = False, repository: str | None = None,
             channel: str = "golden", tag_template: str | None = None,
-            size_budget: float = 1.2, report: str | None = None, webhook: str | None = None,
+            size_budget: str = "1.2", report: str | None = None, webhook: str | None = None,
             remote: str | None = None) -> None:
     """lock --upgrade, rebuild what changed, test-image, push a dated tag, promote."""
     from imageforge.nightly import NightlyOptions, run
@@ -427,7 +485,7 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
     options = NightlyOptions(
         target=target, push=push, repository=repository or config.get("repository") or None,
-        channel=channel, template=tag_template, size_budget=size_budget,
+        channel=channel, template=tag_template, size_budget=ratio("size-budget", size_budget),
         report_dir=Path(report) if report else None,
         webhook=webhook or config.get("webhook") or os.environ.get("IMAGEFORGE_WEBHOOK_URL"))
     result = run(settings(c, manifest, set, remote=remote), options)
@@ -436,8 +494,7 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
     if summary_file:
         from imageforge.nightly import markdown
 
-        with open(summary_file, "a", encoding="utf-8") as handle:
-            handle.write(markdown(result))
+        write_output("$GITHUB_STEP_SUMMARY", summary_file, markdown(result), append=True)
 
 
 @task(help={"image": "image by digest, REPOSITORY@sha256:...",
@@ -449,7 +506,8 @@ def promote(c: Context, image: str | None = None, tag: str = "golden") -> None:
     from imageforge import remote as remote_mod
 
     if not image:
-        raise FatalError("promote needs --image REPOSITORY@sha256:<digest>.")
+        raise UsageError("promote needs --image REPOSITORY@sha256:<digest>: the tested image "
+                         "to point the tag at.")
     s = settings(c, None, None)
     with remote_mod.credentials(image.split("/", 1)[0]) as env:
         print(golden.promote(image, tag, cache_dir=s.cache_dir, env=env))
@@ -473,15 +531,17 @@ ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_d
             "prune": "prune BuildKit's whole build cache before each cold build (--no-prune "
                      "on a daemon others use: cold builds may then find cached steps)"})
 @boundary
-def bench(c: Context, repeats: int = 3, out: str = "bench/results.json",
+def bench(c: Context, repeats: str = "3", out: str = "bench/results.json",
           sizes: str = "10,100,1000", builds: bool = True, keep: bool = False,
           prune: bool = True) -> None:
     """Benchmark imageforge against one plain Dockerfile on the sample upstream (several
     minutes; prunes BuildKit's build cache before each cold build; best on an idle machine)."""
     from bench.run import Options, run_benchmark
 
-    print(run_benchmark(Options(repeats=repeats, out=Path(out),
-                                sizes=tuple(int(s) for s in sizes.split(",") if s.strip()),
+    print(run_benchmark(Options(repeats=whole_number("repeats", repeats, minimum=1),
+                                out=Path(out),
+                                sizes=tuple(whole_number("sizes", s, minimum=1)
+                                            for s in sizes.split(",") if s.strip()),
                                 builds=builds, keep=keep, prune=prune)))
 
 
@@ -509,16 +569,18 @@ ns.add_task(bench)
 )
 @boundary
 def run_local(c: Context, image: str | None = None, program: str | None = None,
-              code: str | None = None, hosts: int = 1, hp: list[str] | None = None,
+              code: str | None = None, hosts: str = "1", hp: list[str] | None = None,
               channel: list[str] | None = None, output: str | None = None,
-              timeout: int = 3600, json: bool = False) -> None:
+              timeout: str = "3600", json: bool = False) -> None:
     """Run an image as a SageMaker training job on this machine (one container per host,
     the /opt/ml files SageMaker writes, a private network), to try it before paying for
     instances; exit 11 when a host fails or the job runs out of time."""
     from imageforge import runlocal
 
-    spec = runlocal.make_spec(image=image, output=output, hosts=hosts, program=program,
-                              code=code, hp=hp or [], channel=channel or [], timeout=timeout,
+    spec = runlocal.make_spec(image=image, output=output,
+                              hosts=whole_number("hosts", hosts, minimum=1), program=program,
+                              code=code, hp=hp or [], channel=channel or [],
+                              timeout=whole_number("timeout", timeout, minimum=1),
                               cache_dir=settings(c, None, None).cache_dir)
     result = runlocal.run(spec, log=sys.stderr if json else sys.stdout)
     print(jsonlib.dumps(result.to_json(), indent=2) if json else runlocal.summary(result))

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import bakefail, codedir, extends, project
+from imageforge import bakefail, codedir, extends, project, rules
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary
@@ -117,7 +117,7 @@ def labels(planned: Plan) -> dict[str, str]:
         values[f"{LABEL_PREFIX}.key.{stage.name}"] = stage.key
         if stage.inputs.get("version"):
             values[f"{LABEL_PREFIX}.version.{stage.name}"] = str(stage.inputs["version"])
-    return values
+    return values | rules.labels(planned.manifest)
 
 
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:

@@ -11,7 +11,7 @@ from typing import Any
 from imageforge import project
 from imageforge import remote as remote_mod
 from imageforge.build import pull_entries, push_entries
-from imageforge.errors import CacheError
+from imageforge.errors import CacheError, UsageError
 from imageforge.execute import to_build
 from imageforge.jsonfile import read_object
 from imageforge.remote import RemoteUnavailable
@@ -25,14 +25,14 @@ _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 def parse_size(text: str) -> int:
     match = _SIZE.fullmatch(text.strip())
     if not match:
-        raise CacheError(f"--max-size {text}: expected a size like 500M or 20G.")
+        raise UsageError(f"--max-size {text}: expected a size like 500M or 20G.")
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 def parse_age(text: str) -> float:
     match = _AGE.fullmatch(text.strip())
     if not match:
-        raise CacheError(f"--older-than {text}: expected an age like 12h or 7d.")
+        raise UsageError(f"--older-than {text}: expected an age like 12h or 7d.")
     return float(match.group(1)) * _SECONDS[match.group(2).lower()]
 
 
@@ -68,7 +68,7 @@ def list_entries(settings: project.Settings, *, as_json: bool = False) -> str:
 def prune(settings: project.Settings, *, max_size: str | None, older_than: str | None,
           keep_last: int) -> str:
     if max_size is None and older_than is None:
-        raise CacheError("cache.prune needs --max-size and/or --older-than.")
+        raise UsageError("cache.prune needs --max-size and/or --older-than.")
     store = project.artifact_store(settings)
     removed = store.prune(max_size=parse_size(max_size) if max_size else None,
                           older_than=parse_age(older_than) if older_than else None,
@@ -81,7 +81,7 @@ def prune(settings: project.Settings, *, max_size: str | None, older_than: str |
 def push(settings: project.Settings, target: str | None) -> str:
     store = project.artifact_store(settings)
     if not settings.remote:
-        raise CacheError("cache.push needs --remote (or imageforge.remote in invoke.yaml).")
+        raise UsageError("cache.push needs --remote (or imageforge.remote in invoke.yaml).")
     if target:
         keys = [s.key for s in project.plan(settings, target).stages if s.status == "cached"]
     else:
@@ -96,7 +96,7 @@ def push(settings: project.Settings, target: str | None) -> str:
 
 def pull(settings: project.Settings, target: str) -> str:
     if not settings.remote:
-        raise CacheError("cache.pull needs --remote (or imageforge.remote in invoke.yaml).")
+        raise UsageError("cache.pull needs --remote (or imageforge.remote in invoke.yaml).")
     store = project.artifact_store(settings)
     with remote_mod.session(settings.remote) as remote:
         assert remote is not None

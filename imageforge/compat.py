@@ -21,7 +21,7 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
-from imageforge.errors import CompatibilityError, ManifestError
+from imageforge.errors import ManifestError
 from imageforge.manifest import Manifest
 from imageforge.ncclpin import NcclPin
 from imageforge.stage import filename_of
@@ -113,11 +113,16 @@ def check(manifest: Manifest, *, rules_path: Path = RULES_PATH) -> list[Violatio
     return [found for rule in RULES for found in rule(manifest, data)]
 
 
+def rule_ids(*, rules_path: Path = RULES_PATH) -> list[str]:
+    """The id of every rule, as a manifest names it in [waive]."""
+    return list(_load(rules_path).rules)
+
+
 def nccl_pin_rule(manifest: Manifest, pin: NcclPin | None, *,
                   rules_path: Path = RULES_PATH) -> list[Violation]:
-    """An explicit NCCL version that is not the one PyTorch pins, without a stated reason."""
+    """An explicit NCCL version that is not the one PyTorch pins (`pin`, when it is known)."""
     nccl = manifest.stages.get("nccl")
-    if pin is None or nccl is None or nccl.get("differs_from_pytorch"):
+    if pin is None or nccl is None:
         return []
     version = str(nccl["version"])
     if version == "auto" or numeric(version) == numeric(pin.version):
@@ -128,19 +133,6 @@ def nccl_pin_rule(manifest: Manifest, pin: NcclPin | None, *,
         f"stages.nccl.version {version} differs from NCCL {pin.version}, which "
         f"{_pytorch_name(manifest)} pins ({pin_origin(pin)}).",
         pinned=pin.version, version=version)]
-
-
-def explain_nccl_difference(manifest: Manifest, pin: NcclPin | None) -> str | None:
-    """The line that says why the image's NCCL is not PyTorch's own, when the manifest says so."""
-    nccl = manifest.stages.get("nccl")
-    reason = nccl.get("differs_from_pytorch") if nccl else None
-    if pin is None or nccl is None or not reason:
-        return None
-    version = str(nccl["version"])
-    if version == "auto" or numeric(version) == numeric(pin.version):
-        return None
-    return (f"NCCL {version} instead of {pin.version}, which {_pytorch_name(manifest)} pins "
-            f"({pin_origin(pin)}): {reason}")
 
 
 def pin_origin(pin: NcclPin) -> str:
@@ -185,11 +177,6 @@ def format_violations(violations: Sequence[Violation], *, manifest: Path) -> str
                   f"      fix: {found.fix}.",
                   f"      source: {found.source}"]
     return "\n".join(lines)
-
-
-def require_compatible(violations: Sequence[Violation], *, manifest: Path) -> None:
-    if violations:
-        raise CompatibilityError(format_violations(violations, manifest=manifest))
 
 
 def numeric(version: object) -> Version | None:

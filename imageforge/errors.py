@@ -12,6 +12,16 @@ class FatalError(Exception):
     return_code = 1
 
 
+class UsageError(FatalError):
+    """A flag or its value is wrong: unknown choice, bad number, unwritable output path.
+
+    Exit 1, the code invoke itself gives a command line it cannot parse (unknown task or flag,
+    a flag without its value), so every usage error shares one code.
+    """
+
+    return_code = 1
+
+
 class ManifestError(FatalError):
     """A manifest file, a --set override or a lock file is invalid."""
 

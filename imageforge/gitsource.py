@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from filelock import FileLock
 
 from imageforge.download import redact
-from imageforge.errors import SourceError
+from imageforge.errors import LockError, SourceError
 
 FULL_SHA = re.compile(r"[0-9a-fA-F]{40}")
 UNSAFE_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
@@ -48,16 +48,38 @@ REPOSITORY_ENV = (
 
 def resolve_ref(repo: str, ref: str) -> str:
     """Return the commit SHA that `ref` (tag, branch or full SHA) names in `repo` right now."""
+    return _lookup(repo, ref)[1]
+
+
+def verify_commit(repo: str, ref: str, commit: str, *, key: str = "commit") -> None:
+    """Refuse a hand-pinned `commit` that is not the one `ref` names in `repo`: the image's
+    labels and keys would claim a version whose code it does not have. Only a tag or a SHA
+    names one commit for good: a commit pinned on a branch (or HEAD) is not compared with
+    where the branch is now."""
+    name, actual = _lookup(repo, ref)
+    fixed = name.startswith("refs/tags/") or FULL_SHA.fullmatch(name)
+    if not fixed or actual == commit.lower():
+        return
+    raise LockError(
+        f"{key} {commit} is not {ref} of {redact(repo)}, which is commit {actual}; "
+        f"pin {actual} for this version, or drop `commit` and run `invoke lock` (to build "
+        f"{commit}, set the version it was tagged as)."
+    )
+
+
+def _lookup(repo: str, ref: str) -> tuple[str, str]:
+    """The full name `ref` matched in `repo` (refs/tags/..., refs/heads/..., or the SHA
+    itself) and the commit it names."""
     remote = _remote(repo)
     _check_ref(repo, ref)
     if FULL_SHA.fullmatch(ref):
-        return ref.lower()
+        return ref.lower(), ref.lower()
     refs = _ls_remote(repo, remote, [], [ref, f"{ref}^{{}}"])
     for name in (ref, f"refs/tags/{ref}", f"refs/heads/{ref}"):
         # For an annotated tag the peeled entry is the commit; the plain entry is the tag object.
         commit = refs.get(f"{name}^{{}}") or refs.get(name)
         if commit is not None:
-            return commit
+            return name, commit
     raise _missing_ref(repo, remote, ref)
 
 

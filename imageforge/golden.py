@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from imageforge.cmd import docker
-from imageforge.errors import FatalError, ImageCheckError
+from imageforge.errors import DockerError, ImageCheckError, RegistryError, UsageError
 from imageforge.plan import Plan
 from imageforge.remote import registry_host
 
@@ -49,7 +49,7 @@ def tag_for(planned: Plan, template: str | None = None, *, date: datetime | None
     names = [field for _, field, _, _ in string.Formatter().parse(template) if field]
     unknown = [n for n in names if n not in values]
     if unknown:
-        raise FatalError(f"tag template {template!r}: unknown field {{{unknown[0]}}}; known: "
+        raise UsageError(f"--tag-template {template!r}: unknown field {{{unknown[0]}}}; known: "
                          f"{', '.join(sorted(values))}.")
     tag = template.format(**values)
     return f"{repository.rstrip('/')}/{tag}" if repository else tag
@@ -58,7 +58,7 @@ def tag_for(planned: Plan, template: str | None = None, *, date: datetime | None
 def split_digest_ref(ref: str) -> tuple[str, str]:
     match = _DIGEST_REF.fullmatch(ref)
     if not match:
-        raise FatalError(f"--image {ref}: give the image by digest, REPOSITORY@sha256:<64 hex>; "
+        raise UsageError(f"--image {ref}: give the image by digest, REPOSITORY@sha256:<64 hex>; "
                          "promotion never moves a tag by name.")
     return match.group("repo"), match.group("digest")
 
@@ -88,14 +88,14 @@ def promote(ref: str, tag: str, *, cache_dir: Path, env: dict[str, str] | None =
     repository, digest = split_digest_ref(ref)
     require_tested(cache_dir, digest)
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", tag):
-        raise FatalError(f"--tag {tag}: not a valid tag (letters, digits, . _ -).")
+        raise UsageError(f"--tag {tag}: not a valid tag (letters, digits, . _ -).")
     target = f"{repository}:{tag}"
     if registry_host(repository):
         result = docker("buildx", "imagetools", "create", "--tag", target, ref, env=env)
     else:
         result = docker("tag", ref, target, env=env)
     if result.returncode != 0:
-        raise FatalError(f"could not tag {ref} as {target}: "
+        raise RegistryError(f"could not tag {ref} as {target}: "
                          f"{result.stderr.decode(errors='replace').strip().splitlines()[-1:]}")
     return target
 
@@ -104,7 +104,7 @@ def image_size(ref: str) -> int:
     """Bytes of an image in the local store (the size budget compares these)."""
     result = docker("image", "inspect", "--format", "{{.Size}}", ref)
     if result.returncode != 0:
-        raise FatalError(f"image {ref} is not in the local image store.")
+        raise DockerError(f"image {ref} is not in the local image store; build it first.")
     return int(result.stdout.decode().strip() or 0)
 
 

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from imageforge.errors import FatalError
+from imageforge.errors import FatalError, UsageError
 from imageforge.plan import Plan
 
 COLOURS = {"cached": "#b7e1a1", "remote": "#a9c8f0", "build": "#f6c28b"}
@@ -36,10 +36,10 @@ def write_graph(plan: Plan, path: Path) -> None:
         path.write_text(dot)
         return
     if suffix not in (".svg", ".png"):
-        raise FatalError(f"--graph {path}: unknown format {suffix!r}; use .dot, .svg or .png.")
+        raise UsageError(f"--graph {path}: unknown format {suffix!r}; use .dot, .svg or .png.")
     program = shutil.which("dot")
     if program is None:
-        raise FatalError(f"--graph {path}: rendering {suffix} needs Graphviz's `dot`; install "
+        raise UsageError(f"--graph {path}: rendering {suffix} needs Graphviz's `dot`; install "
                          "graphviz (apt-get install graphviz) or write a .dot file instead.")
     result = subprocess.run([program, f"-T{suffix[1:]}", "-o", str(path)], input=dot.encode(),
                             capture_output=True, check=False)

@@ -42,6 +42,11 @@ IMAGE_FIELDS: dict[str, Field] = {
                  help="install stages' apt packages (false when the base image has them)"),
 }
 
+# `[waive] <rule id> = "<reason>"`: the one way a manifest accepts a known incompatibility.
+WAIVER_FIELD = Field(kind="text", help="why the manifest accepts a violation of this rule")
+_RULE_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+TOP_LEVEL = ("image", "stages", "waive")
+
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _TEMPLATED = ("url", "repo", "ref", "build_version")
 # Pins of a stage's version-templated source: they belong to one version only.
@@ -61,9 +66,12 @@ class Manifest:
     # Stage tables the lock has nothing to resolve for (the user's code): outside the digest,
     # so editing them never makes the lock stale.
     unlocked: frozenset[str] = frozenset()
+    # [waive]: rule id -> the reason the manifest accepts that rule's violations.
+    waivers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def digest(self) -> str:
-        document = dict(self.document)
+        # A waiver changes what is accepted, never what is resolved: it leaves the lock current.
+        document = {k: v for k, v in self.document.items() if k != "waive"}
         stages = document.get("stages")
         if isinstance(stages, dict) and self.unlocked & set(stages):
             document["stages"] = {k: v for k, v in stages.items() if k not in self.unlocked}
@@ -195,6 +203,8 @@ def _field_for(parts: Sequence[str], registry: Mapping[str, Stage], fail: Any) -
             return IMAGE_FIELDS[parts[1]]
         raise fail(f"unknown key; {_suggest(parts[1], list(IMAGE_FIELDS))}"
                    f"image keys are: {', '.join(IMAGE_FIELDS)}.")
+    if len(parts) == 2 and parts[0] == "waive":
+        return WAIVER_FIELD
     if len(parts) == 3 and parts[0] == "stages":
         stage = registry.get(parts[1])
         if stage is None:
@@ -204,7 +214,7 @@ def _field_for(parts: Sequence[str], registry: Mapping[str, Stage], fail: Any) -
             return stage.fields[parts[2]]
         raise fail(f"unknown key; {_suggest(parts[2], list(stage.fields))}"
                    f"keys of stages.{parts[1]} are: {', '.join(stage.fields) or 'none'}.")
-    raise fail("keys look like image.<key> or stages.<stage>.<key>.")
+    raise fail("keys look like image.<key>, stages.<stage>.<key> or waive.<rule id>.")
 
 
 def _parse_override_value(raw: str, field: Field, fail: Any) -> Any:
@@ -230,11 +240,11 @@ def _parse_override_value(raw: str, field: Field, fail: Any) -> Any:
 
 
 def _validate(document: dict[str, Any], where: _Locator, registry: Mapping[str, Stage]) -> Manifest:
-    unknown = sorted(set(document) - {"image", "stages"})
+    unknown = sorted(set(document) - set(TOP_LEVEL))
     if unknown:
         raise ManifestError(f"{where(unknown[0])}: unknown top-level key; "
-                            f"{_suggest(unknown[0], ['image', 'stages'])}"
-                            "a manifest has only [image] and [stages.<name>] tables.")
+                            f"{_suggest(unknown[0], TOP_LEVEL)}"
+                            "a manifest has only [image], [stages.<name>] and [waive] tables.")
     image = _validate_table(document.get("image"), "image", IMAGE_FIELDS, where)
     raw_stages = document.get("stages", {})
     if not isinstance(raw_stages, dict):
@@ -252,7 +262,26 @@ def _validate(document: dict[str, Any], where: _Locator, registry: Mapping[str, 
     _check_base(image, where)
     unlocked = frozenset(name for name, stage in registry.items() if not stage.locked)
     return Manifest(path=where.path, image=image, stages=stages, document=document,
-                    unlocked=unlocked)
+                    unlocked=unlocked, waivers=_waivers(document.get("waive"), where))
+
+
+def _waivers(table: Any, where: _Locator) -> dict[str, str]:
+    """[waive]: which rule ids are known is compat's business; here only the shape."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ManifestError(f"{where('waive')}: expected a table [waive] of "
+                            '<rule id> = "<reason>".')
+    for rule, reason in table.items():
+        dotted = f"waive.{rule}"
+        if not _RULE_ID.fullmatch(rule):
+            raise ManifestError(f"{where(dotted)}: {rule!r} is not a rule id; use the id in "
+                                "brackets that `invoke check` prints, e.g. torchvision-pytorch.")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ManifestError(f"{where(dotted)}: a waiver needs its reason; write "
+                                f'{rule} = "<why this combination is accepted>".')
+        _checked(reason, WAIVER_FIELD, dotted, where)
+    return dict(table)
 
 
 def _check_base(image: dict[str, Any], where: _Locator) -> None:

@@ -27,9 +27,8 @@ from imageforge import remote as remote_mod
 from imageforge.build import BuildOptions, build
 from imageforge.cmd import docker
 from imageforge.download import redact
-from imageforge.errors import FatalError
+from imageforge.errors import FatalError, RegistryError
 from imageforge.jsonfile import read_object
-from imageforge.plan import defined_targets
 
 T = TypeVar("T")
 
@@ -82,7 +81,7 @@ class Nightly:
 
 
 def run(settings: project.Settings, options: NightlyOptions) -> Nightly:
-    target = options.target or _default_target(settings)
+    target = options.target or project.default_target(settings)
     report = Nightly(manifest=project.manifest_label(settings.manifest), target=target,
                      started=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     try:
@@ -143,14 +142,6 @@ def _run(settings: project.Settings, options: NightlyOptions, report: Nightly) -
     report.status = "ok"
 
 
-def _default_target(settings: project.Settings) -> str:
-    loaded = project.load_manifest(settings)
-    targets = defined_targets(loaded, project.registry_for(loaded))
-    if not targets:
-        raise FatalError(f"{settings.manifest} defines no image target; pass --target.")
-    return "smddp" if "smddp" in targets else targets[0]
-
-
 def _test(settings: project.Settings, image: str) -> str:
     from imageforge.checkreport import publish, summary
     from imageforge.checks import require_passed, run_image_tests
@@ -177,7 +168,7 @@ def _push(tag: str, env: dict[str, str] | None) -> None:
     result = docker("push", tag, timeout=3600, env=env)
     if result.returncode != 0:
         last = result.stderr.decode(errors="replace").strip().splitlines()[-1:]
-        raise FatalError(f"pushing {tag} failed: {' '.join(last) or 'no output'}")
+        raise RegistryError(f"pushing {tag} failed: {' '.join(last) or 'no output'}")
 
 
 def _state_path(settings: project.Settings, name: str, channel: str) -> Path:

@@ -11,13 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from imageforge import codedir, compat, extends, localimages, lock
+from imageforge import codedir, compat, extends, localimages, lock, pinned, rules
 from imageforge import manifest as manifest_mod
 from imageforge import mirror as mirror_mod
 from imageforge.artifacts import ArtifactStore
-from imageforge.errors import ManifestError
+from imageforge.errors import ManifestError, UsageError
 from imageforge.execute import is_external
 from imageforge.manifest import Manifest
+from imageforge.ncclpin import NcclPin
 from imageforge.plan import Plan, Status, defined_targets, make_plan
 from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.render import render_dockerfile
@@ -59,11 +60,15 @@ def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
     current = lock.read(path)
     local = local_ids(settings, "record" if resolve else "read")
     settled = lock.settle(loaded, current, STAGES, local_id=local)
+    rule_verdict(settled.manifest, settled.nccl_pin())
     if settings.locked:
         lock.check(loaded, current, path, registry=STAGES)
     elif resolve and settled.unresolved:
+        # Only now, after the rules passed: resolving may download.
+        pinned.verify_commits(loaded, STAGES, source_cache(settings).locate_url)
         resolver = lock.Upstream(cache=source_cache(settings), stages=STAGES)
         settled = lock.settle(loaded, current, STAGES, resolver, local)
+        rule_verdict(settled.manifest, settled.nccl_pin())
     _tell_stale(path, current, settled, resolved=resolve)
     return settled
 
@@ -84,6 +89,36 @@ def local_ids(settings: Settings, mode: localimages.Mode) -> lock.LocalId:
     """This machine's IDs of local-only base images, from the local cache (not the lock)."""
     store = localimages.LocalImages(settings.cache_dir)
     return lambda ref: store.id_for(ref, mode)
+
+
+def rule_verdict(manifest: Manifest, pin: NcclPin | None) -> rules.Verdict:
+    """Every compatibility rule on `manifest` as it will be built, with the NCCL its PyTorch
+    pins when the lock records it for this manifest; refuses (exit 3) every violation no
+    waiver accepts."""
+    return rules.enforce(manifest, pin)
+
+
+def waived(settings: Settings, manifest: Manifest) -> rules.Verdict:
+    """What the waivers of `manifest` (as planned) accept, for `invoke plan`."""
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    current = lock.read(lock.lock_path(settings.manifest))
+    return rule_verdict(manifest, lock.settle(raw, current, STAGES).nccl_pin())
+
+
+def default_target(settings: Settings) -> str:
+    """The image the manifest defines: what commands build without --target."""
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    # Quietly: the command's own planning reports the lock and the rules.
+    loaded = lock.settle(raw, lock.read(lock.lock_path(settings.manifest)), STAGES).manifest
+    images = defined_targets(loaded, registry_for(loaded))
+    if len(images) == 1:
+        return images[0]
+    if images:
+        raise UsageError(f"--target: {settings.manifest} defines {len(images)} images "
+                         f"({', '.join(images)}); pass --target with one of them.")
+    raise UsageError(f"--target: {settings.manifest} defines no whole image (none of "
+                     f"{', '.join(image_targets())} has every stage table it needs); pass "
+                     "--target with the stage to use.")
 
 
 def registry_for(manifest: Manifest) -> Mapping[str, Stage]:
@@ -145,9 +180,14 @@ def write_lock(settings: Settings, *, upgrade: bool,
     path = lock.lock_path(settings.manifest)
     # A lock an older imageforge wrote is replaced whole.
     previous = lock.read(path, old_ok=True)
+    # Before anything is downloaded; PyTorch's NCCL pin is judged once it is resolved.
+    rules.enforce(manifest_mod.with_versions(loaded, previous.versions() if previous else {},
+                                             registry=STAGES), None)
+    pinned.verify_commits(loaded, STAGES, source_cache(settings).locate_url)
     settled = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade,
                            only=stages, local_id=local_ids(settings, "refresh"))
     new = settled.lock()
+    rules.enforce(manifest_mod.with_versions(loaded, new.versions(), registry=STAGES), new.pin())
     changes = lock.diff(previous, new)
     # Same pins, same creation time: only a moved pin gives images a new date.
     kept = previous.source_date_epoch if previous and not lock.pins_moved(previous, new) else None
@@ -210,12 +250,8 @@ def check(settings: Settings) -> list[str]:
     pin = settled.nccl_pin()
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
     judged = manifest_mod.with_versions(raw, settled.lock().versions(), registry=STAGES)
-    violations = compat.check(judged) + compat.nccl_pin_rule(judged, pin)
-    compat.require_compatible(violations, manifest=settings.manifest)
-    lines = [f"note: {note}" for note in compat.notes(judged)]
-    explanation = compat.explain_nccl_difference(judged, pin)
-    if explanation:
-        lines.append(f"note: {explanation}")
+    verdict = rules.enforce(judged, pin)
+    lines = [f"note: {note}" for note in compat.notes(judged)] + verdict.lines()
     lines.append(f"lock: {path.name} " + _lock_state(current, settled))
     loaded = settled.manifest
     if raw.stages.get("nccl", {}).get("version") == "auto" and pin is None:

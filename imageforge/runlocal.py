@@ -31,7 +31,7 @@ from typing import IO, Any, TextIO
 
 from imageforge.cmd import docker_binary
 from imageforge.docker import ensure_daemon
-from imageforge.errors import DockerError, FatalError, TrainingJobError
+from imageforge.errors import DockerError, TrainingJobError, UsageError
 
 LABEL = "imageforge.run-local.job"
 SSH_CHANNEL = "ssh"
@@ -111,9 +111,9 @@ def parse_hyperparameters(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise FatalError(f"--hp {item}: use KEY=VALUE, e.g. --hp epochs=2.")
+            raise UsageError(f"--hp {item}: use KEY=VALUE, e.g. --hp epochs=2.")
         if key in parsed:
-            raise FatalError(f"--hp {key} is given twice; give each hyperparameter once.")
+            raise UsageError(f"--hp {key} is given twice; give each hyperparameter once.")
         try:
             parsed[key] = json.loads(text)
         except ValueError:
@@ -127,18 +127,18 @@ def parse_channels(items: Sequence[str]) -> dict[str, Path]:
     for item in items:
         name, sep, directory = item.partition("=")
         if not sep or not directory:
-            raise FatalError(f"--channel {item}: use NAME=DIR, e.g. --channel training=data/.")
+            raise UsageError(f"--channel {item}: use NAME=DIR, e.g. --channel training=data/.")
         if not CHANNEL_NAME.fullmatch(name) or name in (".", ".."):
-            raise FatalError(f"--channel {item}: a channel name has 1 to 64 letters, digits, "
+            raise UsageError(f"--channel {item}: a channel name has 1 to 64 letters, digits, "
                              "'.', '_' or '-'.")
         if name == SSH_CHANNEL:
-            raise FatalError(f"--channel {item}: the channel name {SSH_CHANNEL} is taken by the "
+            raise UsageError(f"--channel {item}: the channel name {SSH_CHANNEL} is taken by the "
                              "job's SSH key; choose another name.")
         if name in channels:
-            raise FatalError(f"--channel {name} is given twice; give each channel once.")
+            raise UsageError(f"--channel {name} is given twice; give each channel once.")
         path = Path(directory).expanduser()
         if not path.is_dir():
-            raise FatalError(f"--channel {item}: {directory} is not a directory.")
+            raise UsageError(f"--channel {item}: {directory} is not a directory.")
         channels[name] = path.resolve()
     return channels
 
@@ -149,16 +149,16 @@ def make_spec(*, image: str | None, output: str | None, cache_dir: Path, hosts: 
               timeout: float = DEFAULT_TIMEOUT) -> JobSpec:
     """Check every flag that needs no Docker; nothing is created here."""
     if not image:
-        raise FatalError("run-local needs --image REF (an image in the local Docker store).")
+        raise UsageError("run-local needs --image REF (an image in the local Docker store).")
     if hosts < 1:
-        raise FatalError(f"--hosts {hosts}: a job needs at least one host.")
+        raise UsageError(f"--hosts {hosts}: a job needs at least one host.")
     if timeout <= 0:
-        raise FatalError(f"--timeout {timeout}: give the job's time limit in seconds (> 0).")
+        raise UsageError(f"--timeout {timeout}: give the job's time limit in seconds (> 0).")
     code_dir = None
     if code is not None:
         code_dir = Path(code).expanduser()
         if not code_dir.is_dir():
-            raise FatalError(f"--code {code}: not a directory; give the directory holding "
+            raise UsageError(f"--code {code}: not a directory; give the directory holding "
                              "your training program.")
         code_dir = code_dir.resolve()
     if program is not None:
@@ -167,11 +167,11 @@ def make_spec(*, image: str | None, output: str | None, cache_dir: Path, hosts: 
     for key, flag in (("sagemaker_program", program), ("sagemaker_submit_directory", code)):
         if key in hyperparameters and flag is not None:
             option = "--program" if key == "sagemaker_program" else "--code"
-            raise FatalError(f"--hp {key} and {option} both set {key}; give one of them.")
+            raise UsageError(f"--hp {key} and {option} both set {key}; give one of them.")
     job_name = new_job_name()
     out = Path(output).expanduser() if output else cache_dir / "run-local" / job_name
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FatalError(f"--output {out}: exists and is not an empty directory; a job writes "
+        raise UsageError(f"--output {out}: exists and is not an empty directory; a job writes "
                          "into a new or empty one.")
     return JobSpec(image=image, output=out.resolve(), job_name=job_name, hosts=hosts,
                    program=program, code=code_dir, hyperparameters=hyperparameters,
@@ -181,11 +181,11 @@ def make_spec(*, image: str | None, output: str | None, cache_dir: Path, hosts: 
 def check_program(program: str, code_dir: Path | None) -> None:
     if (not PROGRAM_NAME.fullmatch(program)
             or any(part in (".", "..") for part in program.split("/"))):
-        raise FatalError(f"--program {program}: give a path relative to --code made of letters, "
+        raise UsageError(f"--program {program}: give a path relative to --code made of letters, "
                          "digits, '.', '_', '+', '-' and '/' (what the SageMaker toolkit "
                          "accepts), e.g. train.py.")
     if code_dir is not None and not (code_dir / program).is_file():
-        raise FatalError(f"--program {program}: no such file in --code {code_dir}.")
+        raise UsageError(f"--program {program}: no such file in --code {code_dir}.")
 
 
 # --- the files SageMaker writes -------------------------------------------------------------
@@ -383,7 +383,7 @@ class _Job:
                         "-f", "/ssh/id_ed25519")
         if result.returncode != 0:
             detail = _last_line(result.stderr)
-            raise FatalError(f"could not make the job's SSH key with ssh-keygen in image "
+            raise TrainingJobError(f"could not make the job's SSH key with ssh-keygen in image "
                              f"{self.spec.image} ({detail}); install openssh-client in the "
                              "image.")
 

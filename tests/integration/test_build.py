@@ -54,7 +54,8 @@ def test_image_carries_labels_and_environment(smddp_image: str, sample_manifest:
     labels = config["Labels"]
     assert labels["io.imageforge.target"] == "smddp"
     assert labels["io.imageforge.version.nccl"] == "2.10.3"
-    plan = json.loads(invoke("plan", "--manifest", str(sample_manifest), "--json").stdout)
+    plan = json.loads(invoke("plan", "--target", "smddp", "--manifest", str(sample_manifest),
+                             "--json").stdout)
     for stage in plan["stages"]:
         assert labels[f"io.imageforge.key.{stage['name']}"] == stage["key"]
     env = dict(item.split("=", 1) for item in config["Env"])

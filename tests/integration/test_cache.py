@@ -59,8 +59,8 @@ def test_fresh_local_cache_with_warm_registry_builds_nothing(
     remote = f"{registry}/cache-{RUN}"
     warm = build(sample_manifest, tmp_path / "a", "--remote", remote, env=registry_env())
     assert warm.returncode == 0, warm.stderr
-    plan = invoke("plan", "--manifest", str(sample_manifest), "--remote", remote, "--json",
-                  cache=tmp_path / "b", env=registry_env())
+    plan = invoke("plan", "--target", "smddp", "--manifest", str(sample_manifest), "--remote",
+                  remote, "--json", cache=tmp_path / "b", env=registry_env())
     assert plan.returncode == 0, plan.stderr
     statuses = {s["name"]: s["status"] for s in json.loads(plan.stdout)["stages"]}
     # base is only its FROM line: the base image itself is its artifact.
@@ -70,8 +70,8 @@ def test_fresh_local_cache_with_warm_registry_builds_nothing(
     assert cold.returncode == 0, cold.stderr
     assert "built" not in set(last_report(tmp_path / "b").values())
     assert "nothing rebuilt" in cold.stdout
-    pulled = invoke("cache.pull", "--manifest", str(sample_manifest), "--remote", remote,
-                    cache=tmp_path / "c", env=registry_env())
+    pulled = invoke("cache.pull", "--target", "smddp", "--manifest", str(sample_manifest),
+                    "--remote", remote, cache=tmp_path / "c", env=registry_env())
     assert pulled.returncode == 0, pulled.stderr
     assert len(entries(tmp_path / "c")) == len(statuses)  # every stage but base
 
@@ -79,13 +79,13 @@ def test_fresh_local_cache_with_warm_registry_builds_nothing(
 def test_registry_credentials_are_required_and_never_printed(
         sample_manifest: Path, registry: str, tmp_path: Path) -> None:
     remote = f"{registry}/cache-{RUN}"
-    denied = invoke("plan", "--manifest", str(sample_manifest), "--remote", remote,
-                    cache=tmp_path, env={"IMAGEFORGE_REGISTRY_USER": "imageforge",
+    denied = invoke("plan", "--target", "smddp", "--manifest", str(sample_manifest), "--remote",
+                    remote, cache=tmp_path, env={"IMAGEFORGE_REGISTRY_USER": "imageforge",
                                          "IMAGEFORGE_REGISTRY_PASSWORD": "wrong"})
     assert denied.returncode == 9
     assert "refused our credentials" in denied.stderr
-    ok = invoke("plan", "--manifest", str(sample_manifest), "--remote", remote, cache=tmp_path,
-                env=registry_env())
+    ok = invoke("plan", "--target", "smddp", "--manifest", str(sample_manifest), "--remote",
+                remote, cache=tmp_path, env=registry_env())
     password = registry_env()["IMAGEFORGE_REGISTRY_PASSWORD"]
     for out in (denied.stdout, denied.stderr, ok.stdout, ok.stderr):
         assert password not in out

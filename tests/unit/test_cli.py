@@ -132,3 +132,62 @@ def test_plan_graph_renders_pictures_with_graphviz(tmp_path: Path, suffix: str) 
         assert text.lstrip().startswith(("<?xml", "<svg")) and "<title>nccl</title>" in text
     else:
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+@pytest.mark.parametrize(("manifest", "target"), [("manifests/smddp.toml", "smddp"),
+                                                  ("manifests/efa-nccl.toml", "efa-nccl"),
+                                                  ("manifests/pt25-cu124.toml", "smddp")])
+def test_default_target_is_the_image_the_manifest_defines(manifest: str, target: str) -> None:
+    result = invoke("plan", "--manifest", manifest, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["target"] == target
+
+
+def test_a_manifest_with_several_images_needs_a_target_and_lists_them(tmp_path: Path) -> None:
+    two = tmp_path / "two.toml"
+    two.write_text((ROOT / "manifests/smddp.toml").read_text() + '\n[stages.nccl-tests]\n'
+                   'version = "2.11.0"\n')
+    result = invoke("plan", "--manifest", str(two))
+    assert result.returncode == 1, result.stderr
+    assert "defines 2 images (smddp, efa-nccl); pass --target" in result.stderr
+    assert invoke("plan", "--manifest", str(two), "--target", "efa-nccl").returncode == 0
+
+
+USAGE_ERRORS = [
+    (["render", "-o", "/nonexistent/dir/f"], "--output /nonexistent/dir/f: cannot write it"),
+    (["render", "--format", "yaml"], "--format yaml: unknown format"),
+    (["plan", "--graph", "/nonexistent/dir/dag.dot"], "/nonexistent/dir/dag.dot: No such file"),
+    (["plan", "--graph", "dag.pdf"], "--graph dag.pdf: unknown format"),
+    (["nightly", "--size-budget", "abc"], "--size-budget abc: give a number above 0"),
+    (["nightly", "--size-budget", "nan"], "--size-budget nan: give a number above 0"),
+    (["test-image", "--target", "nccl"], "--target nccl is not an image"),
+    (["build", "--progress", "fancy"], "--progress fancy: use auto, plain or json"),
+    (["build", "--code", "examples/train"], "--code and --program go together"),
+    (["run-local", "--hosts", "0"], "--hosts 0: give a whole number of at least 1"),
+    (["run-local", "--hosts", "two"], "--hosts two: give a whole number"),
+    (["run-local", "--image", "x", "--timeout", "-5"], "--timeout -5: give a whole number"),
+    (["promote", "--image", "foo"], "--image foo: give the image by digest"),
+    (["promote"], "promote needs --image"),
+    (["cache.prune", "--max-size", "lots"], "--max-size lots: expected a size"),
+    (["cache.prune", "--older-than", "soon"], "--older-than soon: expected an age"),
+    (["cache.prune", "--keep-last", "x"], "--keep-last x: give a whole number"),
+    (["cache.prune"], "cache.prune needs --max-size and/or --older-than"),
+    (["cache.push"], "cache.push needs --remote"),
+    (["mirror.sync"], "mirror.sync needs --to DIR"),
+    (["bench", "--repeats", "0", "--no-builds"], "--repeats 0: give a whole number"),
+    (["plan", "--bogus"], "No idea what '--bogus' is"),  # invoke's own parser: also 1
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), USAGE_ERRORS, ids=lambda v: " ".join(v)[:40]
+                         if isinstance(v, list) else None)
+def test_usage_errors_exit_1_with_one_line_naming_the_flag(argv: list[str], message: str,
+                                                          tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *argv],
+                            cwd=ROOT, capture_output=True, text=True, env=env,
+                            check=False, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    # The error is one line, the last (notes about the lock may come before it).
+    assert message in result.stderr.strip().splitlines()[-1], result.stderr

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.errors import SourceError
+from imageforge import gitsource
+from imageforge.errors import LockError, SourceError
 from imageforge.gitsource import checkout, file_at, gitlink_at, list_tags, resolve_ref
 
 FIXED_DATE = "2022-01-31T12:00:00+00:00"
@@ -256,3 +257,26 @@ def test_checkout_selected_submodules(superproject: Super, tmp_path: Path) -> No
     selected = tmp_path / "selected"
     checkout(superproject.url, superproject.commit, selected, submodules=["third_party/lib"])
     assert (selected / "third_party/lib/lib.h").read_text() == "v1\n"
+
+
+def test_verify_commit_accepts_the_commit_its_tag_names(upstream: Upstream) -> None:
+    gitsource.verify_commit(upstream.url, "v1.10.1", upstream.first)
+    # An annotated tag is compared by the commit it peels to, not the tag object.
+    gitsource.verify_commit(upstream.url, "v1.10.2", upstream.second.upper())
+    gitsource.verify_commit(upstream.url, upstream.third, upstream.third)
+
+
+def test_verify_commit_refuses_another_versions_commit_naming_both(upstream: Upstream) -> None:
+    with pytest.raises(LockError) as refused:
+        gitsource.verify_commit(upstream.url, "v1.10.2", upstream.first)
+
+    message = str(refused.value)
+    assert refused.value.return_code == 8
+    assert all(part in message for part in ("v1.10.2", upstream.first, upstream.second))
+
+
+def test_verify_commit_leaves_a_commit_pinned_on_a_branch_alone(upstream: Upstream) -> None:
+    # A branch moves on; the pinned commit is the version.
+    gitsource.verify_commit(upstream.url, "main", upstream.first)
+    with pytest.raises(LockError):
+        gitsource.verify_commit(upstream.url, upstream.third, upstream.first)

@@ -64,9 +64,10 @@ def test_a_failure_midway_leaves_the_old_lock_byte_identical(
     lock_file, _ = project.write_lock(settings(manifest), upgrade=False)
     before = lock_file.read_bytes()
     # smddp is resolved after efa, nccl, pytorch and most others: the 404 comes midway.
-    missing = f"stages.smddp.url={sample_server.url}/files/missing-{{version}}.whl"
+    wheel = "smdistributed_dataparallel-{version}-cp311-cp311-linux_x86_64.whl"
+    missing = f"stages.smddp.url={sample_server.url}/files/missing/{wheel}"
 
-    with pytest.raises(SourceError, match=r"missing-1\.4\.0\.whl answered 404"):
+    with pytest.raises(SourceError, match=r"missing/smdistributed_dataparallel-1\.4\.0-.*404"):
         project.write_lock(settings(manifest, missing), upgrade=False)
 
     assert lock_file.read_bytes() == before

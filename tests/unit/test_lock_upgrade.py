@@ -21,7 +21,9 @@ from tests.unit.conftest import sample_manifest
 pytestmark = pytest.mark.usefixtures("isolated_git")
 
 EFA_POLICY = {"[stages.efa]\n": '[stages.efa]\npolicy = "~=1.14"\n'}
-NCCL_POLICY = ("stages.nccl.version=2.10.3", "stages.nccl.policy=>=2.10,<2.12")
+# The move to 2.11.4 leaves the NCCL PyTorch 1.10.2 pins: a rule the manifest must waive.
+NCCL_POLICY = ("stages.nccl.version=2.10.3", "stages.nccl.policy=>=2.10,<2.12",
+               "waive.nccl-pytorch-pin=upgrade test moves NCCL past the PyTorch pin")
 TOKEN = "ghp_secret_token_value_1234"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,15 +78,21 @@ def test_upgrade_moves_efa_and_nccl_within_their_policies(
 
 def test_check_judges_the_upgraded_versions(sample_server: ServerHandle, tmp_path: Path) -> None:
     manifest = sample_manifest(tmp_path / "m", sample_server.url)
-    s = settings(manifest, *NCCL_POLICY)
-    project.write_lock(s, upgrade=False)
-    assert "lock: sample.lock.json current" in project.check(s)
-
-    project.write_lock(s, upgrade=True)
+    unwaived = settings(manifest, *NCCL_POLICY[:2])
+    project.write_lock(unwaived, upgrade=False)
+    assert "lock: sample.lock.json current" in project.check(unwaived)
+    before = manifest.with_name("sample.lock.json").read_bytes()
 
     # PyTorch 1.10.2 pins NCCL 2.10.3: the upgrade needs a stated reason to pass.
     with pytest.raises(CompatibilityError, match=r"nccl\.version 2\.11\.4 differs"):
-        project.check(s)
+        project.write_lock(unwaived, upgrade=True)
+    assert manifest.with_name("sample.lock.json").read_bytes() == before
+
+    waived = settings(manifest, *NCCL_POLICY)
+    project.write_lock(waived, upgrade=True)
+    assert any(line.startswith("waived [nccl-pytorch-pin] stages.nccl.version: "
+                               "stages.nccl.version 2.11.4 differs")
+               for line in project.check(waived))
 
 
 def test_a_nightly_upgrade_is_a_no_op_until_upstream_moves(

@@ -70,7 +70,7 @@ BAD_SETS = [
     ("stages.nccl.verion=2.18.6", "unknown key; did you mean 'version'?"),
     ("image.cuda_arch=[\"8.0\", \"x\"]", "'x' is not allowed"),
     ("image.apt=maybe", "expected true or false"),
-    ("nccl.version=1", "keys look like image.<key> or stages.<stage>.<key>"),
+    ("nccl.version=1", "keys look like image.<key>, stages.<stage>.<key> or waive.<rule id>"),
     ("stages.nccl.version", "expected KEY=VALUE"),
     ("image.pyhton=3.8", "did you mean 'python'?"),
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imageforge import cabundle, codedir, extends, lock
-from imageforge.errors import ManifestError
+from imageforge.errors import ManifestError, UsageError
 from imageforge.execute import Run, bake_file
 from imageforge.manifest import load
 from imageforge.plan import make_plan
@@ -132,7 +132,7 @@ def test_code_flags_go_together_and_make_code_the_target(code: Path) -> None:
     assert code_overrides(None, None, "smddp") == ([], "smddp")
     overrides, target = code_overrides(str(code), "train.py", "smddp")
     assert target == "code" and overrides == list(with_code(code.resolve()))
-    with pytest.raises(ManifestError, match="--code and --program go together"):
+    with pytest.raises(UsageError, match="--code and --program go together"):
         code_overrides(str(code), None, "smddp")
 
 
