@@ -223,7 +223,10 @@ def render(c: Context, target: str | None = None, manifest: str | None = None,
                        "proxy's; passed as a BuildKit secret). Default: SSL_CERT_FILE, "
                        "REQUESTS_CA_BUNDLE or the system bundle; `none` turns it off",
           "code": "directory of training code to add on top of the image (stage `code`)",
-          "program": "with --code: the script in it SageMaker runs, e.g. train.py"},
+          "program": "with --code: the script in it SageMaker runs, e.g. train.py",
+          "output": "also write the files the target's stages made (not the base's) to this "
+                    "directory, or to FILE.tar: NCCL, the plugin, nccl-tests for hosts that "
+                    "run them outside containers"},
     iterable=["set"],
 )
 @boundary
@@ -233,10 +236,11 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
           locked: bool = False, remote: str | None = None, test: bool = True,
           mirror: str | None = None, summary: str | None = None,
           layer_cache: str | None = None, ca_bundle: str | None = None,
-          code: str | None = None, program: str | None = None) -> None:
+          code: str | None = None, program: str | None = None,
+          output: str | None = None) -> None:
     """Build a target with BuildKit: every stage it needs, in one parallel build; then run
     the image's checks (test-image)."""
-    from imageforge import cabundle
+    from imageforge import cabundle, export
     from imageforge.build import BuildOptions, markdown_summary
     from imageforge.build import build as run_build
     from imageforge.build import summary as summary_table
@@ -253,10 +257,15 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
                            ca_bundle=bundle)
     s = dataclasses.replace(s, layer_cache=layer_cache or c.config.get("imageforge", {}).get(
         "layer_cache") or None)
+    if output is not None:
+        export.check_destination(Path(output))
     result = run_build(s, options)
     if result is None:
         return
     print(summary_table(result))
+    if output is not None:
+        print(f"exported {result.target}'s files to "
+              f"{export.export(s, result.target, Path(output))}")
     if summary:
         write_output("--summary", summary, markdown_summary(result), append=True)
     github = os.environ.get("GITHUB_STEP_SUMMARY")
