@@ -49,8 +49,9 @@ def test_rendered_dockerfile_matches_golden(manifest: str, target: str, golden: 
 def test_seed_002_commands_are_rendered_faithfully() -> None:
     text = rendered("manifests/smddp.toml", "smddp")
     assert "./efa_installer.sh -y --skip-kmod -g" in text
+    # The seed's two archs, plus PTX for the newest so NCCL runs on newer GPUs too.
     assert ("'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 "
-            "-gencode=arch=compute_80,code=sm_80'") in text
+            "-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80'") in text
     assert "'TORCH_CUDA_ARCH_LIST=3.7 5.0 7.0+PTX 8.0'" in text
     assert "USE_SYSTEM_NCCL=1 NCCL_ROOT=/opt/conda" in text
     assert "--with-nccl=/opt/conda" in text

@@ -27,12 +27,12 @@ RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=im
     && make -j"$(nproc)" src.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
     && make pkg.txz.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
     && mkdir -p /out/usr/local \
-    && tar -xvf /tmp/nccl-build/pkg/txz/nccl_*.txz -C /out/usr/local --strip-components=1 \
+    && tar -xf /tmp/nccl-build/pkg/txz/nccl_*.txz -C /out/usr/local --strip-components=1 \
+    && rm -f /out/usr/local/lib/libnccl_static.a \
     && rm -rf /tmp/nccl-build
 
 # ---- aws-ofi-nccl ----
-FROM base AS aws-ofi-nccl
-COPY --from=efa /opt/amazon /opt/amazon
+FROM efa AS aws-ofi-nccl
 COPY --from=nccl /out/ /
 ENV LD_LIBRARY_PATH="/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
@@ -47,8 +47,7 @@ RUN --mount=type=bind,from=src-aws-ofi-nccl,target=/tmp/aws-ofi-nccl,rw \
     && make install DESTDIR=/out
 
 # ---- nccl-tests ----
-FROM base AS nccl-tests
-COPY --from=efa /opt/amazon /opt/amazon
+FROM efa AS nccl-tests
 COPY --from=nccl /out/ /
 ENV LD_LIBRARY_PATH="/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
@@ -68,4 +67,6 @@ ENV LD_LIBRARY_PATH="/usr/local/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib$
     EFA_VERSION="1.11.2" \
     RDMAV_FORK_SAFE="1" \
     NCCL_VERSION="2.7.8"
-RUN ldconfig
+RUN find /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib /lib/x86_64-linux-gnu -maxdepth 1 -name 'libnccl*' ! -path '/usr/local/*' -print -delete 2>/dev/null || true \
+    && rm -f /usr/include/nccl.h /usr/include/nccl_net.h \
+    && ldconfig

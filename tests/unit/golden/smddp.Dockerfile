@@ -24,15 +24,15 @@ FROM base AS nccl
 RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=imageforge-ccache,target=/root/.ccache \
     export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
     && cd /tmp/nccl \
-    && make -j"$(nproc)" src.build CUDA_HOME=/usr/local/cuda 'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 -gencode=arch=compute_80,code=sm_80' BUILDDIR=/tmp/nccl-build \
-    && make pkg.txz.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
+    && make -j"$(nproc)" src.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build 'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80' \
+    && make pkg.txz.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build 'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80' \
     && mkdir -p /out/opt/conda \
-    && tar -xvf /tmp/nccl-build/pkg/txz/nccl_*.txz -C /out/opt/conda --strip-components=1 \
+    && tar -xf /tmp/nccl-build/pkg/txz/nccl_*.txz -C /out/opt/conda --strip-components=1 \
+    && rm -f /out/opt/conda/lib/libnccl_static.a \
     && rm -rf /tmp/nccl-build
 
 # ---- aws-ofi-nccl ----
-FROM base AS aws-ofi-nccl
-COPY --from=efa /opt/amazon /opt/amazon
+FROM efa AS aws-ofi-nccl
 COPY --from=nccl /out/ /
 ENV LD_LIBRARY_PATH="/opt/conda/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
