@@ -196,6 +196,17 @@ class Checker:
                 "busbw_at_1G": row_at(runs["all_reduce_perf -g 2"]["rows"], "1G"),
                 "plugin_tcp_busbw_at_256M": row_at(run["rows"], "256M")}
 
+    def fabric(self) -> dict[str, Any]:
+        """What the exported libfabric sees on this host: its providers, and whether an EFA
+        device answers (test-image --hardware's EFA checks need one)."""
+        fi_info = str(self.tree / "opt/amazon/efa/bin/fi_info")
+        providers = self.run([fi_info, "-l"])
+        efa = self.run([fi_info, "-p", "efa", "-t", "FI_EP_RDM"])
+        listed = re.findall(r"^(\S+):$", providers["output"], re.MULTILINE)
+        self.check("exported fi_info runs here and lists providers",
+                   providers["rc"] == 0 and bool(listed), ", ".join(listed))
+        return {"providers": listed, "efa_rc": efa["rc"], "efa_output": efa["output"][-2000:]}
+
     def plugin_path(self) -> Path:
         lib = self.tree / "usr/local/lib"
         for name in ("libnccl-net-ofi.so", "libnccl-net.so"):
@@ -264,6 +275,7 @@ def main() -> int:
     report["one_gpu"] = checker.one_gpu()
     if args.gpus == 2:
         report["two_gpus"] = checker.two_gpus()
+    report["fabric"] = checker.fabric()
     report["not_run"] = [
         "all_reduce_perf -g 1 selecting the EFA provider (test-image --hardware, needs an EFA "
         "device: this host has none)",
