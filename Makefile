@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= imageforge/base:bookworm
 
-.PHONY: setup docker host-tools test unit integration demo demo-real bench lint clean
+.PHONY: setup docker host-tools test unit integration demo demo-real bench bench-real lint clean
 
 setup: $(VENV)/.installed
 
@@ -45,6 +45,10 @@ demo-real: setup docker
 
 bench: setup docker
 	$(BIN)/invoke bench
+
+# An EFA bump on the real efa-nccl image, imageforge against seed 000's linear Dockerfile.
+bench-real: setup docker
+	$(BIN)/python -m bench.real
 
 lint: setup
 	$(BIN)/ruff check imageforge stages sample realparts bench sbom tests tasks.py

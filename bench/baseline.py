@@ -98,19 +98,31 @@ def image_env(plan: Plan) -> dict[str, str]:
     return env
 
 
-def sections(plan: Plan, registry: Mapping[str, Stage]) -> list[tuple[str, list[str]]]:
+# Seed 000's order: the EFA installer, NCCL, the OFI plugin, nccl-tests (target efa-nccl).
+SEED_000_ORDER: tuple[tuple[str, str], ...] = (
+    ("base", "base"),
+    ("efa", "efa"),
+    ("nccl", "nccl"),
+    ("aws-ofi-nccl", "aws-ofi-nccl"),
+    ("nccl-tests", "nccl-tests"),
+    ("efa-nccl", "efa-nccl"),
+)
+
+
+def sections(plan: Plan, registry: Mapping[str, Stage],
+             order: tuple[tuple[str, str], ...] = SEED_ORDER) -> list[tuple[str, list[str]]]:
     """(section, its instructions) in seed order, for the stages of `plan`."""
     names = {s.name for s in plan.stages}
-    unknown = sorted(names - {stage for _, stage in SEED_ORDER})
+    unknown = sorted(names - {stage for _, stage in order})
     if unknown:
-        raise ValueError(f"the baseline follows seed 002 (target smddp); stages "
-                         f"{', '.join(unknown)} have no place in its order.")
+        raise ValueError(f"the baseline follows the seed's order; stages "
+                         f"{', '.join(unknown)} have no place in it.")
     ctx = plan.context
     ssh: list[str] = []
     if "smddp" in names and ctx.of("smddp")["openssh"]:
         ssh = instructions("\n".join(openssh_steps(ctx)))
     found: list[tuple[str, list[str]]] = []
-    for section, name in SEED_ORDER:
+    for section, name in order:
         if name not in names:
             continue
         stage = registry[name]
@@ -126,8 +138,9 @@ def sections(plan: Plan, registry: Mapping[str, Stage]) -> list[tuple[str, list[
     return found
 
 
-def baseline_dockerfile(plan: Plan, registry: Mapping[str, Stage]) -> Baseline:
-    """The linear Dockerfile for `plan` (whose target is the smddp image)."""
+def baseline_dockerfile(plan: Plan, registry: Mapping[str, Stage],
+                        order: tuple[tuple[str, str], ...] = SEED_ORDER) -> Baseline:
+    """The linear Dockerfile for `plan`, its stages in `order` (seed 002's by default)."""
     image = plan.context.image
     digest = image.get("base_digest")
     lines = [HEADER.format(manifest=plan.manifest.path.name),
@@ -141,7 +154,7 @@ def baseline_dockerfile(plan: Plan, registry: Mapping[str, Stage]) -> Baseline:
     if paths:
         lines.append(env_line(paths))
     layers: list[str] = []
-    for section, body in sections(plan, registry):
+    for section, body in sections(plan, registry, order):
         if not body:
             continue
         lines.append(f"\n# ---- {section} ----")

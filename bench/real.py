@@ -1,0 +1,160 @@
+"""`make bench-real`: an EFA bump on the real efa-nccl image, imageforge against seed 000's
+linear Dockerfile, measured in one run.
+
+Both tools build manifests/real-efa-nccl.toml (real NCCL, nccl-tests, aws-ofi-nccl, CUDA 13.0,
+Debian's fabric libraries through the EFA installer stand-in) at EFA 1.22.0, then again at
+1.22.1. In seed 000's single chain the installer comes first, so the bump recompiles NCCL;
+imageforge rebuilds efa and what needs it (the plugin, nccl-tests, the image) and reuses NCCL.
+NCCL is built with ONLY_FUNCS="AllReduce Sum f32 * *" for both tools (`--full` builds the
+whole library: about 25 min a compile on 2 cores). Results: bench/results-real.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import cpu
+from bench.baseline import SEED_000_ORDER, baseline_dockerfile
+from bench.rawjson import layer_steps, parse_stream
+from imageforge import cabundle, project
+from imageforge.dockerfile import CA_BUNDLE_SECRET
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "manifests" / "real-efa-nccl.toml"
+RESULTS = ROOT / "bench" / "results-real.json"
+ADDRESS = "http://127.0.0.1:8742"
+TARGET = "efa-nccl"
+EFA_FROM, EFA_TO = "1.22.0", "1.22.1"
+ONLY_FUNCS = "AllReduce Sum f32 * *"
+# What a bump of the installer must rebuild in imageforge: efa and the stages that need it.
+EXPECTED = ["efa", "aws-ofi-nccl", "nccl-tests", "efa-nccl"]
+
+
+def say(text: str) -> None:
+    print(f"bench-real: {text}", file=sys.stderr, flush=True)
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, bytes]:
+    """(wall seconds, busy CPU seconds, stderr) of a command that must succeed."""
+    before = cpu.read_ticks()
+    started = time.perf_counter()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, check=False,
+                          timeout=7200)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-15:]
+        raise SystemExit(f"bench-real: {' '.join(argv[:4])} failed:\n" + "\n".join(tail))
+    return wall, cpu.busy_seconds(before, cpu.read_ticks()), proc.stderr + proc.stdout
+
+
+class RealBench:
+    def __init__(self, work: Path, full: bool) -> None:
+        self.work = work
+        self.cache = work / "cache"
+        self.manifest = work / "real-efa-nccl.toml"
+        self.full = full
+        self.env = {**os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache)}
+
+    def prepare(self, url: str) -> None:
+        text = MANIFEST.read_text().replace(ADDRESS, url)
+        if not self.full:
+            text = text.replace('[stages.nccl]\n', f'[stages.nccl]\nonly_funcs = "{ONLY_FUNCS}"\n')
+        self.manifest.write_text(text)
+        self.invoke("lock", "--manifest", str(self.manifest))
+
+    def invoke(self, *args: str) -> tuple[float, float, bytes]:
+        return timed([sys.executable, "-m", "invoke", "-r", str(ROOT), *args], self.env)
+
+    def imageforge(self, efa: str) -> dict[str, Any]:
+        wall, busy, _ = self.invoke(
+            "build", "--manifest", str(self.manifest), "--target", TARGET, "--no-test",
+            "--progress", "plain", "--set", f"stages.efa.version={efa}",
+            "--tag", f"imageforge-bench/real:{efa}")
+        report = max((self.cache / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime)
+        stages = json.loads(report.read_text())["stages"]
+        rebuilt = [s["name"] for s in stages if s.get("state") == "built"]
+        say(f"imageforge at EFA {efa}: {wall:.1f} s, rebuilt {', '.join(rebuilt) or 'nothing'}")
+        return {"seconds": round(wall, 1), "cpu_seconds": round(busy, 1), "rebuilt": rebuilt}
+
+    def baseline(self, efa: str) -> dict[str, Any]:
+        overrides = (f"stages.efa.version={efa}",)
+        settings = project.Settings(manifest=self.manifest, overrides=overrides,
+                                    cache_dir=self.cache)
+        planned = project.plan(settings, TARGET)
+        linear = baseline_dockerfile(planned, planned.registry, SEED_000_ORDER)
+        dockerfile = self.work / f"baseline-{efa}.Dockerfile"
+        dockerfile.write_text(linear.dockerfile)
+        _, _, fetched = self.invoke("fetch", "--manifest", str(self.manifest), "--target",
+                                    TARGET, "--set", overrides[0])
+        contexts = {}
+        for line in fetched.decode(errors="replace").splitlines():
+            name, _, path = line.strip().partition(" ")
+            if name.startswith("src-") and Path(path.strip()).is_dir():
+                contexts[name] = path.strip()
+        argv = ["docker", "buildx", "build", "--load", "--progress", "rawjson", "-f",
+                str(dockerfile), "-t", f"imageforge-bench/real-baseline:{efa}"]
+        argv += [f"--build-context={n}={contexts[n]}" for n in linear.contexts]
+        bundle = cabundle.resolve(None)
+        if bundle:
+            argv += ["--secret", f"id={CA_BUNDLE_SECRET},src={bundle}"]
+        empty = self.work / "empty"
+        empty.mkdir(exist_ok=True)
+        wall, busy, stream = timed([*argv, str(empty)])
+        steps = layer_steps(parse_stream(stream))
+        rebuilt = list(dict.fromkeys(
+            linear.section_of_step(s.step) or "?" for s in steps if s.rebuilt))
+        say(f"baseline at EFA {efa}: {wall:.1f} s, rebuilt sections {', '.join(rebuilt)}")
+        return {"seconds": round(wall, 1), "cpu_seconds": round(busy, 1), "rebuilt": rebuilt,
+                "layers": f"{sum(1 for s in steps if s.rebuilt)}/{len(linear.layers)}"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="build the whole NCCL library")
+    args = parser.parse_args()
+    from sample.serve import start_server
+
+    with tempfile.TemporaryDirectory(prefix="imageforge-bench-real-", dir="/var/tmp") as tmp:
+        work = Path(tmp)
+        upstream = work / "upstream"
+        subprocess.run([str(ROOT / "scripts/cuda-base.sh")], check=True)
+        subprocess.run([str(ROOT / "scripts/real-upstream.sh"), str(upstream)], check=True)
+        for version in (EFA_FROM, EFA_TO):
+            subprocess.run([sys.executable, "-m", "realparts", "efa-installer", "--version",
+                            version, "--out", str(upstream / "files"), "--deb-cache",
+                            str(ROOT / "cache/sources/debs")], check=True, cwd=ROOT)
+        server = start_server(upstream)
+        try:
+            bench = RealBench(work, args.full)
+            bench.prepare(server.url.rstrip("/"))
+            result: dict[str, Any] = {"manifest": str(MANIFEST.relative_to(ROOT)),
+                                      "nccl": "full" if args.full else f"ONLY_FUNCS={ONLY_FUNCS}",
+                                      "bump": f"efa {EFA_FROM} -> {EFA_TO}"}
+            say(f"warm-up: both tools build EFA {EFA_FROM}")
+            result["imageforge_warm"] = bench.imageforge(EFA_FROM)
+            result["baseline_warm"] = bench.baseline(EFA_FROM)
+            say(f"the bump: EFA {EFA_TO}")
+            result["imageforge"] = bench.imageforge(EFA_TO)
+            result["baseline"] = bench.baseline(EFA_TO)
+        finally:
+            server.stop()
+    result["ratio"] = round(result["imageforge"]["seconds"] / result["baseline"]["seconds"], 3)
+    result["rebuilt_as_predicted"] = sorted(result["imageforge"]["rebuilt"]) == sorted(EXPECTED)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    if not result["rebuilt_as_predicted"]:
+        say(f"imageforge rebuilt {result['imageforge']['rebuilt']}, the graph predicts {EXPECTED}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
