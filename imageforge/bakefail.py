@@ -51,7 +51,8 @@ def cause(output: str) -> str:
     errors = [line for line in lines if line.startswith("ERROR")] or lines
     if not errors:
         return "no output"
-    parts = errors[-1].split(": ")
+    # Go's url.Error puts the URL (with any upload token) in a part of its own: `Put "URL": EOF`.
+    parts = [part for part in errors[-1].split(": ") if "://" not in part]
     # Go's errors end in their cause; one word ("EOF") says more with what it ended.
     tail = parts[-2:] if len(parts) > 2 and len(parts[-1]) < 12 else parts[-1:]
     return ": ".join(tail)[-200:]
