@@ -531,6 +531,31 @@ ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_d
                              "layer_cache": "", "ca_bundle": ""}})
 
 
+# (manifest, target, golden file): the Dockerfiles tests/unit/test_render.py compares with.
+GOLDEN_DOCKERFILES = (
+    ("manifests/smddp.toml", "smddp", "tests/unit/golden/smddp.Dockerfile"),
+    ("manifests/efa-nccl.toml", "efa-nccl", "tests/unit/golden/efa-nccl.Dockerfile"),
+)
+
+
+@task(name="goldens")
+@boundary
+def goldens(c: Context) -> None:
+    """Rewrite the golden Dockerfiles of the render tests after an intended change; review
+    the diff before committing it (the tests only ever compare)."""
+    for manifest, target, path in GOLDEN_DOCKERFILES:
+        text = project.dockerfile(project.plan(project.Settings(manifest=Path(manifest)),
+                                               target))
+        golden = Path(path)
+        changed = not golden.exists() or golden.read_text() != text
+        if changed:
+            golden.write_text(text)
+        print(f"{path}: " + ("updated" if changed else "already current"))
+
+
+ns.add_task(goldens)
+
+
 @task(help={"repeats": "no-op rebuilds per tool, median reported (cold and one-pin builds "
                        "run once: repeating them needs a prune and a cold rebuild)",
             "out": "results file (default bench/results.json)",

@@ -6,7 +6,6 @@ the reason, so unit work stays possible on a laptop without Docker.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import secrets
@@ -23,6 +22,8 @@ from typing import IO, Any
 
 import pytest
 import requests
+
+from tests.cache_consistency import assert_cache_consistent as assert_cache_consistent
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PORT = "127.0.0.1:8741"
@@ -159,39 +160,6 @@ class Running:
     def last_line(self) -> str:
         lines = self.stderr.strip().splitlines()
         return lines[-1] if lines else ""
-
-
-def assert_cache_consistent(cache: Path) -> None:
-    """What any fault must leave behind: whole artifact entries only (each verifies), no work
-    in progress under artifacts/tmp, no shared blob that no entry links, no half-fetched
-    source, and no lock file still held by anyone."""
-    from imageforge.artifacts import ArtifactStore
-
-    artifacts = cache / "artifacts"
-    store = ArtifactStore(artifacts)
-    entries = artifacts / "entries"
-    for entry in sorted(entries.iterdir()) if entries.exists() else []:
-        assert (entry / "meta.json").is_file() and (entry / "index.json").is_file(), entry
-        assert store.verify(f"sha256:{entry.name}") is not None, f"{entry} is corrupt"
-    leftovers = list((artifacts / "tmp").iterdir()) if (artifacts / "tmp").exists() else []
-    assert leftovers == [], f"work in progress left behind: {leftovers}"
-    blobs = artifacts / "blobs" / "sha256"
-    orphans = [b.name for b in blobs.iterdir() if b.stat().st_nlink == 1] \
-        if blobs.exists() else []
-    assert orphans == [], f"blobs no entry links: {orphans}"
-    for kind in ("sha256", "git"):
-        folder = cache / "sources" / kind
-        for path in sorted(folder.iterdir()) if folder.exists() else []:
-            assert not path.name.startswith("."), f"a fetch left {path} behind"
-            if path.is_dir():
-                assert path.with_name(path.name + ".complete").exists(), f"{path} is half-written"
-    for lock in cache.rglob("*.lock"):
-        if lock.is_file():
-            fd = os.open(lock, os.O_RDWR)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while someone holds it
-            finally:
-                os.close(fd)
 
 
 def assert_engine_clean(engine: SecondDockerd, builders: list[str]) -> None:

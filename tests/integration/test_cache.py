@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cache_consistency import sha256_of
 from tests.integration.conftest import (
     ROOT,
     Running,
@@ -171,9 +172,13 @@ def test_sigkill_mid_build_leaves_no_partial_entry(sample_manifest: Path,
         if "pytorch" in line and "building" in line:
             break
         assert time.monotonic() < deadline
+    else:
+        proc.wait()
+        pytest.fail(f"the build ended (exit {proc.returncode}) before it said it was building "
+                    "pytorch, so nothing was interrupted")
     time.sleep(1)
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL, "the build was still running when it was killed"
     for entry in entries(tmp_path):
         assert (entry / "meta.json").exists() and (entry / "index.json").exists()
     again = invoke("build", "--target", "pytorch", "--manifest", str(manifest), "--progress",
@@ -214,14 +219,47 @@ def test_a_second_builder_reuses_the_first_builders_artifacts(
     assert loaded.returncode == 0, "the image was loaded into the second engine"
 
 
+def layer_cache_problems(directory: Path) -> list[str]:
+    """Why `directory` is not a whole BuildKit local cache export: its index and every blob
+    the index and the manifests it names refer to, each with the bytes its digest says."""
+    blobs = directory / "blobs" / "sha256"
+    problems, pending = [], list(json.loads((directory / "index.json").read_text())["manifests"])
+    while pending:
+        descriptor = pending.pop()
+        blob = blobs / str(descriptor["digest"]).removeprefix("sha256:")
+        if not blob.is_file():
+            problems.append(f"{directory.name}: {descriptor['digest']} missing")
+        elif sha256_of(blob) != blob.name:
+            problems.append(f"{directory.name}: {blob.name} holds other bytes")
+        elif "manifest" in str(descriptor.get("mediaType", "")):
+            document = json.loads(blob.read_bytes())
+            pending += document.get("manifests", []) + document.get("layers", [])
+            pending += [document["config"]] if "config" in document else []
+    return problems
+
+
 def test_layer_cache_is_exported_per_stage_and_read_back(sample_manifest: Path,
                                                          tmp_path: Path) -> None:
     layers = tmp_path / "buildkit"
     result = build(sample_manifest, tmp_path / "a", "--layer-cache", str(layers),
                    target="boost")
     assert result.returncode == 0, result.stderr
-    assert (layers / "boost" / "index.json").exists()
+    built = {name for name, state in last_report(tmp_path / "a", "boost").items()
+             if state == "built"}
+    # One export per stage built, each whole, each with content of its own.
+    assert {d.name for d in layers.iterdir()} == built, built
+    for directory in layers.iterdir():
+        assert layer_cache_problems(directory) == []
+        assert len(list((directory / "blobs" / "sha256").iterdir())) > 1
+    # A second build with an empty artifact store is given every stage's export to read
+    # (cache-from), builds with it and leaves it whole.
     dry = invoke("build", "--target", "boost", "--manifest", str(sample_manifest), "--dry-run",
                  cache=tmp_path / "b", env={"INVOKE_IMAGEFORGE_LAYER_CACHE": str(layers)})
     assert dry.returncode == 0, dry.stderr
-    assert f"type=local,src={layers / 'boost'}" in dry.stdout
+    assert all(f"type=local,src={layers / name}" in dry.stdout for name in built)
+    again = build(sample_manifest, tmp_path / "b", "--layer-cache", str(layers),
+                  target="boost")
+    assert again.returncode == 0, again.stderr
+    assert last_report(tmp_path / "b", "boost")["boost"] == "built"
+    for name in built:
+        assert layer_cache_problems(layers / name) == []

@@ -3,11 +3,17 @@ the nightly builds, tests, pushes and promotes, then finds itself up to date."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import functools
 import gzip
 import json
 import secrets
+import threading
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import requests
@@ -46,14 +52,56 @@ def registry_blobs(registry: str, name: str, reference: str) -> dict[str, bytes]
     return found
 
 
+@contextlib.contextmanager
+def token_mirror(root: Path, token: str) -> Iterator[tuple[str, list[str]]]:
+    """`root` served on 127.0.0.1 to requests bearing `token` only; yields the URL and the
+    Authorization header of every request."""
+    seen: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization") or "")
+            if self.headers.get("Authorization") != f"Bearer {token}":
+                self.send_error(401)
+                return
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0),
+                                functools.partial(Handler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/", seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
         sample_manifest: Path, registry: str, cache_dir: Path, tmp_path: Path) -> None:
     token = "mirror-token-" + secrets.token_hex(8)
-    env = {**registry_env(), "IMAGEFORGE_MIRROR_TOKEN": token}
+    temp = tmp_path / "tmp"  # where the private docker config goes, and must not stay
+    temp.mkdir()
+    env = {**registry_env(), "IMAGEFORGE_MIRROR_TOKEN": token, "TMPDIR": str(temp)}
+    mirror = tmp_path / "mirror"
+    synced = invoke("mirror.sync", "--to", str(mirror), "--manifest", str(sample_manifest),
+                    cache=cache_dir)
+    assert synced.returncode == 0, synced.stderr
     tag = f"{registry}/secrets/efa-nccl:{RUN}"
-    result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
-                    "--push", "--tag", tag, "--remote", f"{registry}/cache-secrets-{RUN}",
-                    "--progress", "plain", cache=cache_dir, env=env)
+    fetch_cache = tmp_path / "fetch-cache"
+    with token_mirror(mirror, token) as (url, seen):
+        # A cache of its own, so every source really comes through the mirror.
+        fetched = invoke("fetch", "--target", "efa-nccl", "--manifest", str(sample_manifest),
+                         "--mirror", url, cache=fetch_cache, env=env)
+        assert fetched.returncode == 0, fetched.stderr
+        assert seen and set(seen) == {f"Bearer {token}"}, "every mirror request had the token"
+        result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
+                        "--push", "--tag", tag, "--remote", f"{registry}/cache-secrets-{RUN}",
+                        "--mirror", url, "--progress", "plain", cache=cache_dir, env=env)
     assert result.returncode == 0, result.stderr
     # The stage artifacts too (those this run reused from the local cache are pushed here).
     shared = invoke("cache.push", "--target", "efa-nccl", "--manifest", str(sample_manifest),
@@ -71,11 +119,16 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
     assert "libc6" in {p["name"] for p in sbom[0]["predicate"]["packages"]}
     config = next(v for v in pushed.values() if b'"io.imageforge.target"' in v)
     assert b'"io.imageforge.revision"' in config and b"org.opencontainers.image.created" in config
-    for secret in (REGISTRY_PASSWORD, token):
+    # The private docker config is gone: nothing of imageforge's is left in TMPDIR.
+    assert [p.name for p in temp.iterdir() if p.name.startswith("imageforge-docker-")] == []
+    # docker's config.json holds the password base64-encoded: look for that form too.
+    encoded = base64.b64encode(f"{REGISTRY_USER}:{REGISTRY_PASSWORD}".encode()).decode()
+    outputs = "".join(r.stdout + r.stderr for r in (fetched, result, shared))
+    for secret in (REGISTRY_PASSWORD, encoded, token):
         for where, data in pushed.items():
             assert secret.encode() not in data, f"{secret[:6]}... found in {where}"
-        assert secret not in result.stdout + result.stderr + shared.stdout + shared.stderr
-        for path in cache_dir.rglob("*"):
+        assert secret not in outputs
+        for path in [*cache_dir.rglob("*"), *fetch_cache.rglob("*"), *temp.rglob("*")]:
             if path.is_file() and path.stat().st_size < 50_000_000:
                 assert secret.encode() not in path.read_bytes(), f"{secret[:6]}... in {path}"
 

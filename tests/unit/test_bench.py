@@ -217,6 +217,24 @@ def test_a_one_pin_change_that_rebuilds_more_than_its_dependents_fails_the_run()
     assert not rebuild_target(wrong_keys).passed
 
 
+@pytest.mark.parametrize("rebuilt", [
+    ["efa", "aws-ofi-nccl", "smddp", "nccl"],     # one stage more than the graph predicts
+    ["efa", "aws-ofi-nccl", "smddp", "pytorch"],  # the stage the graph keeps out of it
+    ["efa", "smddp"],                             # one fewer
+])
+def test_an_efa_bump_that_rebuilds_other_than_the_graph_predicts_fails_the_run(
+        rebuilt: list[str]) -> None:
+    assert sorted(graph_dependents("efa")) == sorted(["efa", "aws-ofi-nccl", "smddp"])
+    wrong = _m(IMAGEFORGE, "efa", [9.0], rebuilt, 9, expected=graph_dependents("efa"))
+    right = _m(IMAGEFORGE, "efa", [9.0], graph_dependents("efa"), 9)
+
+    [target] = evaluate([wrong], None, [], CHAIN)
+
+    assert not target.passed
+    assert correctness_failures([target]) == [target.name]
+    assert [t.passed for t in evaluate([right], None, [], CHAIN)] == [True]
+
+
 def test_targets_pass_and_fail() -> None:
     measurements = [
         _m(IMAGEFORGE, "no-op", [1.2], [], 9),

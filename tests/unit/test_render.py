@@ -1,6 +1,7 @@
 """Golden Dockerfiles for the two seed images, reviewed line by line against the seeds.
 
-Regenerate after an intended change with IMAGEFORGE_UPDATE_GOLDEN=1 and review the diff.
+After an intended change, `invoke goldens` rewrites them; review the diff. The tests here
+only compare: they never write a golden file.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import os
 from pathlib import Path
 
 import pytest
+from invoke.context import MockContext
 
+import tasks
 from imageforge import project
+from tasks import GOLDEN_DOCKERFILES
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).parent / "golden"
 
 
 def rendered(manifest: str, target: str) -> str:
@@ -27,23 +30,31 @@ def rendered(manifest: str, target: str) -> str:
         os.chdir(cwd)
 
 
-@pytest.mark.parametrize(
-    ("manifest", "target", "golden"),
-    [
-        ("manifests/smddp.toml", "smddp", "smddp.Dockerfile"),
-        ("manifests/efa-nccl.toml", "efa-nccl", "efa-nccl.Dockerfile"),
-    ],
-)
+@pytest.mark.parametrize(("manifest", "target", "golden"), GOLDEN_DOCKERFILES,
+                         ids=[target for _, target, _ in GOLDEN_DOCKERFILES])
 def test_rendered_dockerfile_matches_golden(manifest: str, target: str, golden: str) -> None:
-    text = rendered(manifest, target)
-    path = GOLDEN / golden
     if os.environ.get("IMAGEFORGE_UPDATE_GOLDEN"):
-        path.write_text(text)
-    expected = path.read_text()
+        pytest.fail("IMAGEFORGE_UPDATE_GOLDEN is not read by the tests: run `invoke goldens`, "
+                    "review the diff, then run the tests without it.")
+    text = rendered(manifest, target)
+    expected = (ROOT / golden).read_text()
     if text != expected:
         diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                            f"golden/{golden}", "rendered"))
-        pytest.fail(f"rendering of {target} changed:\n{diff}")
+                                            golden, "rendered"))
+        pytest.fail(f"rendering of {target} changed (`invoke goldens` after an intended "
+                    f"change):\n{diff}")
+
+
+def test_the_goldens_task_writes_what_the_test_compares(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    copies = tuple((m, t, str(tmp_path / Path(g).name)) for m, t, g in GOLDEN_DOCKERFILES)
+    monkeypatch.setattr(tasks, "GOLDEN_DOCKERFILES", copies)
+    monkeypatch.chdir(ROOT)
+
+    tasks.goldens(MockContext())
+
+    for (manifest, target, _), (_, _, written) in zip(GOLDEN_DOCKERFILES, copies, strict=True):
+        assert Path(written).read_text() == rendered(manifest, target)
 
 
 def test_seed_002_commands_are_rendered_faithfully() -> None:

@@ -35,18 +35,21 @@ MANIFESTS: dict[str, tuple[str, ...]] = {
     # "auto" needs the lock, which an override makes stale: pin what the lock says.
     "sample.toml": (*WITH_CODE, "stages.nccl.version=2.10.3"),
 }
-# What sh reads specially outside quotes; a twin has none of it.
-SPECIAL = set(" \t;&|()<>$`'\"\\*?[]#~{}!")
+# What sh reads specially outside quotes, and the line breaks that end a Dockerfile
+# instruction inside quotes too; a twin has none of it.
+SPECIAL = set(" \t\n\r\v\f;&|()<>$`'\"\\*?[]#~{}!")
 # Values that reach no Dockerfile text at all (a build context path).
 NOT_RENDERED = {"host_path"}
-# Hostile values that validation accepts, by kind; the generated ones come on top.
+# Hostile values that validation accepts, by kind (and, for text, the line breaks it must
+# refuse: accepted, they would end an instruction); the generated ones come on top.
 NASTY: dict[str, list[Any]] = {
     "url": ["https://h/a;b&c(d)*e!f#g?x=[1]", "file:///x/{version}&y=(z)", "a/b{c}d@e"],
     "repo": ["https://h/r.git#;(x)", "file://h/!*?", "sub/dir@{version}"],
     "ref": ["v{version}+x-1", "a/b_c.d"],
     "path": ["/a+b-c.d/", "/"],
     "version": ["1.0+x-y_z", "auto"],
-    "text": ["a; b | c > d < e & f (g) {h} #i *j ?k ~l !m", " lead and trail ", "a&&b||c"],
+    "text": ["a; b | c > d < e & f (g) {h} #i *j ?k ~l !m", " lead and trail ", "a&&b||c",
+             "a\nRUN evil", "a\rRUN evil", "a\r\nRUN evil", "a\nEOF\nRUN evil"],
     "packages": [["a>=1,<2", "b[x,y]~=1.0", "c!=2", "ch::d<=3", "e==1.*"], []],
     "flags": [["--a=b,c:d", "-x", "--y=/p/q+r"]],
     "args": [["k=v,w:x", "--f=/a", "-g"]],
