@@ -35,6 +35,11 @@ unit: setup host-tools
 integration: setup docker
 	$(BIN)/pytest -q tests/integration
 
+# Known mutants of the engine (scripts/mutants.py), each applied alone to a scratch copy of
+# the tree: the unit tests meant to catch it must fail.
+mutation: setup
+	$(BIN)/python scripts/mutants.py
+
 demo: setup docker
 	scripts/demo.sh
 
