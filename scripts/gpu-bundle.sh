@@ -21,7 +21,7 @@ docker run --rm -v "$tree:/export" "$image" bash -c '
     set -euo pipefail
     skip="^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libgcc_s|libstdc\+\+|libcuda|libnvidia|libmpi|libopen-rte|libopen-pal|libpmix|libhwloc|libevent|libz)\."
     find /export -type f \( -name "*.so*" -o -perm -u+x \) ! -path "/export/deps/*" -print0 |
-        xargs -0 -n 20 ldd 2>/dev/null | awk "/=> \\// { print \$3 }" | sort -u |
+        { xargs -0 -n 20 ldd 2>/dev/null || true; } | awk "/=> \\// { print \$3 }" | sort -u |
         while read -r lib; do
             name=${lib##*/}
             [[ $name =~ $skip ]] && continue

@@ -122,10 +122,10 @@ def test_plugin_resolves_debian_libfabric_and_rdma_core(real_build: tuple[str, s
 
 def test_nccl_tests_are_built_for_the_manifest_arch_only(real_build: tuple[str, str]) -> None:
     tag, _ = real_build
-    # Without NVCC_GENCODE nccl-tests builds 6 archs: 263 MB of binaries. sm_90 alone is
-    # well under a tenth of that.
+    # Without NVCC_GENCODE nccl-tests builds 6 archs: 263 MB of binaries. sm_90 alone
+    # (SASS, plus PTX so they also run on newer GPUs) is about 71 MB.
     size = int(run_in(tag, "du -sb /opt/nccl-tests/bin | cut -f1"))
-    assert size < 40 * 1024 * 1024, size
+    assert size < 120 * 1024 * 1024, size
     assert "all_reduce_perf" in run_in(tag, "ls /opt/nccl-tests/bin")
 
 

@@ -1,0 +1,59 @@
+"""scripts/gpu_check.py reads nccl-tests' own output: checked on the recorded H200 run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = ROOT / "docs/real-hardware/h200-one-gpu.json"
+
+
+def gpu_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts/gpu_check.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorded(run: str) -> str:
+    return str(json.loads(RECORD.read_text())["one_gpu"]["runs"][run]["output"])
+
+
+def test_rows_of_a_real_sendrecv_run() -> None:
+    module = gpu_check()
+    rows = module.parse_rows(recorded("sendrecv_perf"))
+    assert len(rows) == 26
+    assert rows[0]["size"] == "8" and rows[-1]["size"] == "268435456"
+    at_256m = module.row_at(rows, "256M")
+    assert at_256m["busbw_oop"] == "1691.9" and at_256m["wrong_oop"] == "0"
+    assert at_256m["wrong_ip"] == "N/A"
+
+
+def test_avg_rows_and_the_version_lines() -> None:
+    module = gpu_check()
+    out = recorded("all_reduce_perf -o avg")
+    rows = module.parse_rows(out)
+    assert len(rows) == 26 and {r["redop"] for r in rows} == {"avg"}
+    assert module.NCCL_VERSION.search(out).group(1) == "2.30.7+cuda13.0"
+    tests = module.TESTS_VERSION.search(out)
+    assert tests.group(2) == tests.group(3) == "23007"
+
+
+def test_a_wrong_count_is_seen() -> None:
+    module = gpu_check()
+    line = ("     1048576        262144     float     sum      -1    10.59   98.99   98.99"
+            "       3     2.84  368.98  368.98       0")
+    rows = module.parse_rows(line)
+    assert rows == [{**rows[0], "wrong_oop": "3", "wrong_ip": "0"}]
+
+
+def test_codes_of_ncclgetversion() -> None:
+    module = gpu_check()
+    assert module.dotted(23007) == "2.30.7"
+    assert module.dotted(2708) == "2.7.8"
