@@ -5,13 +5,20 @@
 # installer stand-in (realparts/, Debian's real libfabric, rdma-core and Open MPI).
 #
 # Usage: scripts/real-upstream.sh [DIR]    (default cache/real-upstream; idempotent)
-# The bundles are read from $IMAGEFORGE_UPSTREAM_BUNDLES (default: ../shared/upstream beside
-# this checkout); they are only read, never written.
+# The bundles are read from $IMAGEFORGE_UPSTREAM_BUNDLES (default: shared/upstream in this
+# checkout, else ../shared/upstream beside it); they are only read, never written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DIR=${1:-cache/real-upstream}
-BUNDLES=${IMAGEFORGE_UPSTREAM_BUNDLES:-../shared/upstream}
+# shared/upstream inside the checkout, else beside it.
+if [ -n "${IMAGEFORGE_UPSTREAM_BUNDLES:-}" ]; then
+    BUNDLES=$IMAGEFORGE_UPSTREAM_BUNDLES
+elif [ -d shared/upstream ]; then
+    BUNDLES=shared/upstream
+else
+    BUNDLES=../shared/upstream
+fi
 log() { echo "real-upstream: $*"; }
 die() { echo "real-upstream: error: $*" >&2; exit 1; }
 
