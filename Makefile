@@ -56,7 +56,7 @@ bench-real: setup docker
 	$(BIN)/python -m bench.real
 
 lint: setup
-	$(BIN)/ruff check imageforge stages sample realparts bench sbom tests tasks.py
+	$(BIN)/ruff check imageforge stages sample realparts bench sbom scripts tests tasks.py
 	$(BIN)/mypy
 
 clean:

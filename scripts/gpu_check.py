@@ -79,7 +79,9 @@ class Checker:
                                   env={**self.env, **(env or {})}, check=False)
             out, rc = proc.stdout + proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as exc:
-            out, rc = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out", 124
+            partial = [p.decode(errors="replace") if isinstance(p, bytes) else p or ""
+                       for p in (exc.stdout, exc.stderr)]
+            out, rc = "".join(partial) + "\ntimed out", 124
         return {"argv": argv, "env": env or {}, "rc": rc,
                 "seconds": round(time.monotonic() - started, 2), "output": out}
 
