@@ -43,10 +43,11 @@ def dockerfile(planned: Plan, stages: list[PlannedStage]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def output_spec(dest: Path) -> str:
-    """A .tar destination gets BuildKit's tar exporter, anything else a plain tree."""
+def output_spec(dest: Path, *, write_to: Path) -> str:
+    """A .tar `dest` gets BuildKit's tar exporter, anything else a plain tree; either is
+    written to `write_to` (renamed to `dest` once complete)."""
     kind = "tar" if dest.suffix == ".tar" else "local"
-    return f"type={kind},dest={dest}"
+    return f"type={kind},dest={write_to}"
 
 
 def check_destination(dest: Path) -> Path:
@@ -73,7 +74,8 @@ def export(settings: project.Settings, target: str, dest: Path) -> Path:
         (Path(tmp) / "Dockerfile").write_text(dockerfile(planned, stages))
         partial = dest.with_name(dest.name + ".part")
         _remove(partial)
-        args = ["buildx", "build", "--progress", "plain", "--output", output_spec(partial)]
+        args = ["buildx", "build", "--progress", "plain", "--output",
+                output_spec(dest, write_to=partial)]
         for name, context in contexts.items():
             args += ["--build-context", f"{name}={context}"]
         result = docker(*args, tmp, timeout=EXPORT_TIMEOUT)

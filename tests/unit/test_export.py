@@ -1,0 +1,52 @@
+"""`build --output`: what goes into an export, and through which BuildKit exporter."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from imageforge import export, project
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def in_root() -> Iterator[None]:
+    cwd = Path.cwd()
+    os.chdir(ROOT)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_tar_destination_uses_the_tar_exporter_while_written_under_another_name() -> None:
+    # The export is written to DEST.part and renamed: the kind follows DEST, not DEST.part.
+    assert export.output_spec(Path("/x/nccl.tar"), write_to=Path("/x/nccl.tar.part")) == \
+        "type=tar,dest=/x/nccl.tar.part"
+    assert export.output_spec(Path("/x/tree"), write_to=Path("/x/tree.part")) == \
+        "type=local,dest=/x/tree.part"
+
+
+def test_the_export_holds_each_gathered_stage_and_nothing_of_the_base() -> None:
+    planned = project.plan(project.Settings(manifest=Path("manifests/real-efa-nccl.toml")),
+                           "efa-nccl")
+    stages = export.exported_stages(planned)
+    assert [s.name for s in stages] == ["efa", "nccl", "aws-ofi-nccl", "nccl-tests"]
+    text = export.dockerfile(planned, stages)
+    assert text.startswith("FROM scratch\n")
+    assert "COPY --from=efa /opt/amazon /opt/amazon" in text
+    assert "COPY --from=nccl /out/ /" in text
+    assert f"COPY <<'EOF' /{export.MANIFEST_FILE}" in text
+
+
+def test_a_missing_parent_directory_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(export.UsageError, match="does not exist"):
+        export.check_destination(tmp_path / "no" / "tree")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "file").write_text("x")
+    with pytest.raises(export.UsageError, match="not empty"):
+        export.check_destination(tmp_path / "full")
