@@ -107,9 +107,10 @@ def remove_other_libnccl(ctx: Context) -> str:
     dirs = [d for d in SYSTEM_LIB_DIRS if d != f"{prefix}/lib"]
     headers = [h for h in ("/usr/include/nccl.h", "/usr/include/nccl_net.h")
                if not h.startswith(f"{prefix}/")]
+    # libnccl.so* and libnccl_static.a only: the net plugin (libnccl-net*.so) stays.
     return run(
-        f"find {' '.join(dirs)} -maxdepth 1 -name 'libnccl*' ! -path {sh(prefix + '/*')} "
-        "-print -delete 2>/dev/null || true",
+        f"find {' '.join(dirs)} -maxdepth 1 \\( -name 'libnccl.so*' -o -name "
+        f"'libnccl_static.a' \\) ! -path {sh(prefix + '/*')} -print -delete 2>/dev/null || true",
         sh("rm", "-f", *headers),
         "ldconfig",
     )

@@ -56,6 +56,8 @@ def nccl_2_11(sample_manifest: Path, cache_dir: Path, upstream: str) -> str:
     tag = f"imageforge-test/nccl:2.11.4-{RUN}"
     result = invoke("build", "--target", "nccl", "--manifest", str(sample_manifest),
                     "--set", "stages.nccl.version=2.11.4", "--set", f"stages.nccl.commit={commit}",
+                    # A build of the wrong NCCL on purpose: the rule that refuses it is waived.
+                    "--set", "waive.nccl-pytorch-pin=an NCCL swapped in after the build",
                     "--tag", tag, "--progress", "plain", cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     return tag

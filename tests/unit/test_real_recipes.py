@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,8 +97,20 @@ def test_builders_that_link_libfabric_are_built_from_efa() -> None:
         assert planned.registry[stage].parent == "efa", stage
 
 
-def test_image_stage_removes_every_other_libnccl() -> None:
+def test_image_stage_removes_every_other_libnccl_and_keeps_the_plugin(tmp_path: Path) -> None:
     recipe = recipes()["efa-nccl"]
-    assert "/usr/lib/x86_64-linux-gnu" in recipe and "-name 'libnccl*'" in recipe
-    assert "! -path '/usr/local/*'" in recipe
+    assert "/usr/lib/x86_64-linux-gnu" in recipe
     assert "rm -f /usr/include/nccl.h" in recipe
+    # Run the rendered find on a directory laid out as a CUDA base plus the built plugin.
+    find = re.search(r"find (.*?) -maxdepth 1 (.*?) -print -delete", recipe)
+    assert find, recipe
+    for name in ("libnccl.so", "libnccl.so.2", "libnccl.so.2.27.7", "libnccl_static.a",
+                 "libnccl-net.so", "libnccl-net-ofi.so", "libcudart.so.13"):
+        (tmp_path / name).write_text("x")
+    subprocess.run(["bash", "-c", f"find {tmp_path} -maxdepth 1 {find.group(2)} -delete"],
+                   check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "libcudart.so.13", "libnccl-net-ofi.so", "libnccl-net.so"]
+    # The sample keeps its NCCL in /opt/conda: /usr/local/lib (where its plugin is) is searched.
+    sample = recipes(manifest="manifests/sample.toml")["efa-nccl"]
+    assert "/usr/local/lib" in sample and "! -path '/opt/conda/*'" in sample

@@ -67,6 +67,6 @@ ENV LD_LIBRARY_PATH="/usr/local/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib$
     EFA_VERSION="1.11.2" \
     RDMAV_FORK_SAFE="1" \
     NCCL_VERSION="2.7.8"
-RUN find /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib /lib/x86_64-linux-gnu -maxdepth 1 -name 'libnccl*' ! -path '/usr/local/*' -print -delete 2>/dev/null || true \
+RUN find /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib /lib/x86_64-linux-gnu -maxdepth 1 \( -name 'libnccl.so*' -o -name 'libnccl_static.a' \) ! -path '/usr/local/*' -print -delete 2>/dev/null || true \
     && rm -f /usr/include/nccl.h /usr/include/nccl_net.h \
     && ldconfig
