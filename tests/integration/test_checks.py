@@ -19,6 +19,7 @@ from tests.integration.conftest import docker_out, invoke
 
 RUN = uuid.uuid4().hex[:8]
 LOADED_CHECK = "libnccl loaded by import torch is the nccl stage's (ncclGetVersion)"
+NCCL_LOADED_CHECK = "ncclGetVersion of the libnccl a process loads is the pin"
 ONE_CHECK = "exactly one libnccl visible to the dynamic linker"
 
 
@@ -130,9 +131,12 @@ def test_nccl_swapped_in_after_the_build_fails_with_both_versions(
     image = derived(smddp_image, nccl_2_11, "/opt/conda/lib/libnccl.so.2.10.3", tmp_path)
     result, data = run_test_image(sample_manifest, cache_dir, image)
     assert result.returncode == 10, result.stdout + result.stderr
-    assert [r["name"] for r in data["results"] if r["result"] == "fail"] == [LOADED_CHECK]
+    # Both the library a plain process loads and the one `import torch` maps are 2.11.4.
+    assert [r["name"] for r in data["results"] if r["result"] == "fail"] == [
+        NCCL_LOADED_CHECK, LOADED_CHECK]
     assert LOADED_CHECK in result.stderr
     assert "reports NCCL 2.11.4, the nccl stage is 2.10.3" in result.stderr
+    assert "nccl (ncclGetVersion) is 2.11.4 in the image, pinned 2.10.3" in result.stdout
     assert "Traceback" not in result.stderr
     digest = docker_out("image", "inspect", "--format", "{{.Id}}", image)
     assert not (cache_dir / "tests" / f"{digest}.json").exists()
