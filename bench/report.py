@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 IMAGEFORGE = "imageforge"
@@ -147,3 +148,21 @@ def plan_table(rows: Sequence[Mapping[str, Any]]) -> str:
           f"{r['total_seconds']:.3f}", f"{r['dockerfile_bytes'] / 2**20:.1f}",
           f"{r['rss_peak_mb']:.0f}", f"{r['traced_peak_mb']:.1f}"] for r in rows],
         right=(0, 2, 3, 4, 5, 6))
+
+
+README_START = "<!-- bench:start (written by `invoke bench`) -->"
+README_END = "<!-- bench:end -->"
+
+
+def update_readme(path: Path, tables: str, seconds_in_all: float) -> bool:
+    """Replace the generated block of the README's benchmark section with this run's tables;
+    False (and nothing written) when the README has no such block."""
+    text = path.read_text()
+    if README_START not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    block = (f"{README_START}\nLatest run (`invoke bench` took "
+             f"{seconds_in_all:.0f} s; its host is in bench/results.json):\n\n{tables.rstrip()}\n{README_END}")
+    path.write_text(head + block + tail)
+    return True

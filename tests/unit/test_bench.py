@@ -338,3 +338,18 @@ def test_synthetic_graph_needs_three_stages() -> None:
         synthetic_registry(2, seed=1)
     with pytest.raises(ValueError):
         synthetic_registry(10, seed=1, shape="tall")
+
+
+def test_a_run_rewrites_only_the_readme_block_between_its_markers(tmp_path: Path) -> None:
+    from bench.report import README_END, README_START, update_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{README_START}\nold tables\n{README_END}\n\nafter\n")
+    assert update_readme(readme, "| new | table |\n", 603)
+    text = readme.read_text()
+    assert "old tables" not in text and "| new | table |" in text and "603 s" in text
+    assert text.startswith("intro\n") and text.endswith(f"{README_END}\n\nafter\n")
+    plain = tmp_path / "PLAIN.md"
+    plain.write_text("no markers\n")
+    assert not update_readme(plain, "| t |", 1)
+    assert plain.read_text() == "no markers\n"
