@@ -162,7 +162,7 @@ def update_readme(path: Path, tables: str, seconds_in_all: float) -> bool:
         return False
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
-    block = (f"{README_START}\nLatest run (`invoke bench` took "
-             f"{seconds_in_all:.0f} s; its host is in bench/results.json):\n\n{tables.rstrip()}\n{README_END}")
+    block = (f"{README_START}\nLatest run (`invoke bench` took {seconds_in_all:.0f} s; its "
+             f"host is in bench/results.json):\n\n{tables.rstrip()}\n{README_END}")
     path.write_text(head + block + tail)
     return True
