@@ -151,7 +151,8 @@ def releases(manifest: Manifest, stage: Stage, endpoints: Endpoints) -> Listing:
     inputs = manifest.stages[stage.name]
     if stage.pypi_project:
         return pypi_releases(stage.pypi_project, endpoints)
-    if "ref" in stage.fields:
+    # A stage with both source kinds lists the one the manifest uses.
+    if "ref" in stage.fields and not inputs.get("url"):
         return git_releases(str(inputs["repo"]), str(template(manifest, stage, "ref")),
                             endpoints)
     return url_releases(str(template(manifest, stage, "url")), endpoints)

@@ -4,6 +4,10 @@ Needs libfabric (the efa stage) and NCCL's headers (the nccl stage), not PyTorch
 the efa stage, which also has the rdma-core libraries libfabric links against. Since 1.5.0 the
 plugin uses its own copy of NCCL's net headers (`--with-nccl` is not passed); since 1.19.0 an
 exported tree gets a `.release_version` file, which autogen.sh needs without `.git`.
+Two source kinds: the git repository (default), or a release tarball (`url`, pinned by
+`sha256`): `make dist` output, `releases/download/v<X>/aws-ofi-nccl-<X>.tar.gz`, which carries
+`.release_version` and a generated `configure`, so autogen.sh is skipped. A GitHub tag archive
+works too: it has neither, and gets both like an exported tree.
 Seed commands: `./autogen.sh && ./configure --with-libfabric=/opt/amazon/efa
 --with-mpi=/opt/amazon/openmpi --with-cuda=/usr/local/cuda --with-nccl=<nccl prefix>
 --prefix=<prefix> && make && make install`; installed through DESTDIR so only the plugin is
@@ -11,6 +15,9 @@ exported.
 
 # Parameters
 version: plugin version (seed 000: 1.1.1, seed 002: 1.1.3-aws); ref defaults to `v{version}`.
+url, sha256: a release tarball to build instead of the git repository (`{version}` is
+substituted; the lock pins sha256), e.g. GitHub's
+`https://github.com/aws/aws-ofi-nccl/releases/download/v{version}/aws-ofi-nccl-{version}.tar.gz`.
 prefix: install prefix (seed: /usr/local).
 configure_flags: extra configure flags (e.g. "--enable-platform-aws", "--disable-tests").
 apt_packages: build tools (seed: autoconf automake libtool).
@@ -19,6 +26,10 @@ apt_packages: build tools (seed: autoconf automake libtool).
 ```toml
 [stages.aws-ofi-nccl]
 version = "1.1.3-aws"
+
+[stages.aws-ofi-nccl]      # or a release tarball, here from a mirror
+version = "1.21.1"
+url = "https://mirror.example.com/aws-ofi-nccl/aws-ofi-nccl-{version}.tar.gz"
 ```
 """
 
@@ -31,11 +42,25 @@ from packaging.version import InvalidVersion, Version
 from imageforge import smoke
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.stage import (
+    EXPORT_ROOT,
+    Check,
+    Context,
+    Field,
+    Stage,
+    git_fields,
+    git_source,
+    url_source,
+)
+
+SOURCE_DIR = "/tmp/aws-ofi-nccl"
 
 
 def sources(ctx: Context) -> Sequence[Source]:
-    return [git_source("aws-ofi-nccl", ctx.of("aws-ofi-nccl"))]
+    inputs = ctx.of("aws-ofi-nccl")
+    if inputs.get("url"):
+        return [url_source("aws-ofi-nccl", inputs)]
+    return [git_source("aws-ofi-nccl", inputs)]
 
 
 # From 1.5.0 the plugin builds against its own copy of NCCL's net headers: --with-nccl is
@@ -71,17 +96,33 @@ def recipe(ctx: Context) -> str:
         *inputs["configure_flags"],
     )
     version_file = (
-        [f"test -e .release_version || test -e .git || echo {sh(version)} > .release_version"]
+        # Braced: a bare `a || b` inside the && chain would swallow an earlier failure.
+        ["{ test -e .release_version || test -e .git || "
+         f"echo {sh(version)} > .release_version; }}"]
         if plugin is None or plugin >= RELEASE_VERSION_FILE else [])
-    steps.append(run(
-        "cd /tmp/aws-ofi-nccl",
-        *version_file,
-        "./autogen.sh",
-        configure,
-        'make -j"$(nproc)"',
-        sh("make", "install", f"DESTDIR={EXPORT_ROOT}"),
-        mounts=[bind("src-aws-ofi-nccl", "/tmp/aws-ofi-nccl", rw=True)],
-    ))
+    build = [configure, 'make -j"$(nproc)"', sh("make", "install", f"DESTDIR={EXPORT_ROOT}")]
+    if inputs.get("url"):
+        # A release tarball's one top directory is aws-ofi-nccl-<version>; make dist already
+        # generated configure, which a tag archive lacks.
+        tarball = url_source("aws-ofi-nccl", inputs).filename
+        steps.append(run(
+            sh("mkdir", "-p", SOURCE_DIR),
+            sh("tar", "-xf", f"/src/{tarball}", "--strip-components=1", "-C", SOURCE_DIR),
+            f"cd {SOURCE_DIR}",
+            *version_file,
+            "{ test -x configure || ./autogen.sh; }",
+            *build,
+            sh("rm", "-rf", SOURCE_DIR),
+            mounts=[bind("src-aws-ofi-nccl", "/src")],
+        ))
+    else:
+        steps.append(run(
+            f"cd {SOURCE_DIR}",
+            *version_file,
+            "./autogen.sh",
+            *build,
+            mounts=[bind("src-aws-ofi-nccl", SOURCE_DIR, rw=True)],
+        ))
     return "\n".join(steps)
 
 
@@ -117,6 +158,10 @@ STAGE = Stage(
     fields={
         **git_fields(repo="https://github.com/aws/aws-ofi-nccl.git", ref="v{version}",
                      what="aws-ofi-nccl"),
+        "url": Field(kind="url", locates="sha256",
+                     help="release tarball to build instead of the git repository; "
+                          "`{version}` is substituted"),
+        "sha256": Field(kind="sha256", locked=True, help="sha256 of the tarball (lock)"),
         "prefix": Field(kind="path", default="/usr/local", help="install prefix"),
         "configure_flags": Field(kind="flags", default=[], help="extra ./configure flags"),
         "build_despite_bundled": Field(

@@ -4,7 +4,9 @@ Seed 002 replaces `third_party/nccl/nccl` with its NCCL checkout; we build with
 `USE_SYSTEM_NCCL=1` and point NCCL_ROOT / NCCL_INCLUDE_DIR / NCCL_LIB_DIR at the nccl stage,
 which has the same effect and cannot silently fall back to the bundled copy. The CUDA arch
 list is `[image] cuda_arch` plus `extra_cuda_arch`, with `+PTX` on `ptx_arch`.
-Installed with `setup.py install --root=/out`, so only PyTorch's files are exported.
+Installed with `setup.py install --root=/out`, so only PyTorch's files are exported; that
+installs none of PyTorch's runtime requirements (the seed's image had them from its conda
+install), so the stage pip installs them, locked with hashes, into the exported tree too.
 
 # Parameters
 version, repo, ref, commit: the git source (ref defaults to `v{version}`).
@@ -15,6 +17,8 @@ nvcc_flags: TORCH_NVCC_FLAGS (seed: "-Xfatbin -compress-all").
 max_jobs: MAX_JOBS (compile parallelism; unset means PyTorch's default).
 build_packages: packages installed before the build (seed: conda's list).
 apt_packages: system build dependencies (seed: build-essential cmake ...).
+runtime_requirements: pip requirements `import torch` needs (default: what the release's
+setup.py declares in install_requires).
 
 # Examples
 ```toml
@@ -27,13 +31,37 @@ ptx_arch = "7.0"
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
+from packaging.version import InvalidVersion, Version
+
+from imageforge import piplock
 from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 
 PYTHON = "/opt/conda/bin/python"
+PREFIX = "/opt/conda"
+# install_requires of PyTorch's setup.py, by release (v1.10.2 ... v2.0.0 ... v2.1.0 onwards;
+# the CUDA wheels and triton only concern PyPI's binary wheels, not a source build).
+INSTALL_REQUIRES = (
+    (Version("2.1"), ["filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec"]),
+    (Version("2.0"), ["filelock", "typing-extensions", "sympy", "networkx", "jinja2"]),
+    (Version("0"), ["typing-extensions"]),
+)
+
+
+def runtime_requirements(ctx: Context) -> list[str]:
+    """What `import torch` needs beside PyTorch's own files (a branch: the newest list)."""
+    inputs = ctx.of("pytorch")
+    if inputs.get("runtime_requirements") is not None:
+        return list(inputs["runtime_requirements"])
+    try:
+        release = Version(str(inputs["version"]))
+    except InvalidVersion:
+        return list(INSTALL_REQUIRES[0][1])
+    return next(list(names) for floor, names in INSTALL_REQUIRES if release >= floor)
 
 
 def arch_list(ctx: Context) -> str:
@@ -82,6 +110,12 @@ def recipe(ctx: Context) -> str:
         sh("env", *variables, PYTHON, "setup.py", "install", f"--root={EXPORT_ROOT}"),
         mounts=[bind("src-pytorch", "/tmp/pytorch", rw=True), CCACHE_MOUNT],
     ))
+    wanted = runtime_requirements(ctx)
+    if wanted:
+        # --ignore-installed: the builder may already have them (build_packages), and what
+        # only the builder has never reaches the image.
+        steps.extend(piplock.install("pytorch", inputs, wanted, f"{PREFIX}/bin/pip",
+                                     f"--prefix={EXPORT_ROOT}{PREFIX}", "--ignore-installed"))
     return "\n".join(steps)
 
 
@@ -122,7 +156,13 @@ print(paths[0], "reports NCCL", dotted(got))
 
 def checks(ctx: Context) -> Sequence[Check]:
     values = {"version": str(ctx.of("nccl")["version"]), "torch": ctx.of("pytorch")["version"]}
+    names = [re.split(r"[\s<>=!~;\[(@]", r, maxsplit=1)[0] for r in runtime_requirements(ctx)]
+    installed = ("import importlib.metadata as m\n"
+                 f"for name in {names!r}:\n"
+                 "    print(name, m.version(name))\n")
     return [
+        Check(name="torch's runtime requirements are installed",
+              script=sh(PYTHON, "-c", installed)),
         Check(name="torch compiled with the nccl stage's NCCL",
               script=sh(PYTHON, "-c", COMPILED_NCCL.format(**values))),
         Check(name="libnccl loaded by import torch is the nccl stage's (ncclGetVersion)",
@@ -149,6 +189,9 @@ STAGE = Stage(
                             help="TORCH_NVCC_FLAGS"),
         "max_jobs": Field(kind="int", help="MAX_JOBS for the compile"),
         "build_packages": Field(kind="packages", default=[], help="build requirements"),
+        "runtime_requirements": Field(
+            kind="packages",
+            help="pip requirements import torch needs (default: the release's install_requires)"),
         "apt_packages": Field(
             kind="packages",
             default=["build-essential", "ca-certificates", "ccache", "cmake", "git",
@@ -160,4 +203,5 @@ STAGE = Stage(
     # Its build dependencies take minutes to install before the compile even starts.
     layer_cache="max",
     checks=checks,
+    pip_requirements=runtime_requirements,
 )

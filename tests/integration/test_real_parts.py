@@ -11,10 +11,13 @@ demo-real` builds the full library. Each recipe fix has an assertion here that f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,16 +40,22 @@ def efa_version() -> str:
 
 
 @pytest.fixture(scope="module")
-def real_upstream(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Iterator[str]:
-    """The real upstream repositories and the EFA installer stand-in, served on 127.0.0.1."""
-    from sample.serve import start_server
-
+def upstream_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """git/<name>.git: the real repositories; files/: the EFA installer stand-in."""
     root = tmp_path_factory.mktemp("real-upstream")
     subprocess.run([str(ROOT / "scripts/real-upstream.sh"), str(root)], check=True)
     subprocess.run([sys.executable, "-m", "realparts", "efa-installer", "--version",
                     efa_version(), "--out", str(root / "files"),
                     "--deb-cache", str(ROOT / "cache/sources/debs")], check=True, cwd=ROOT)
-    server = start_server(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def real_upstream(upstream_root: Path, docker_ready: None) -> Iterator[str]:
+    """The real upstream repositories and the EFA installer stand-in, served on 127.0.0.1."""
+    from sample.serve import start_server
+
+    server = start_server(upstream_root)
     try:
         yield server.url.rstrip("/")
     finally:
@@ -149,3 +158,53 @@ def test_platform_aws_is_refused_on_libfabric_1_17(real_manifest: Path,
     assert result.returncode == 3, result.stdout + result.stderr
     text = result.stdout + result.stderr
     assert "1.17" in text and "1.22" in text
+
+
+@pytest.fixture(scope="module")
+def release_tarball(real_build: tuple[str, str], upstream_root: Path,
+                    tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """aws-ofi-nccl v1.21.1's release tarball, made as upstream makes it: `make dist` in a
+    configured checkout of the tag (configure needs libfabric and CUDA; the built image has
+    both), served beside the EFA installer."""
+    tag, _ = real_build
+    work = tmp_path_factory.mktemp("ofi-dist")
+    subprocess.run(["git", "clone", "--quiet", "--branch", "v1.21.1",
+                    str(upstream_root / "git/aws-ofi-nccl.git"), str(work / "src")], check=True)
+    docker_out("run", "--rm", "-v", f"{work}:/work", "-w", "/work/src", "--entrypoint", "bash",
+               tag, "-c", "./autogen.sh >/dev/null && ./configure --with-libfabric=/opt/amazon/efa"
+               " --with-cuda=/usr/local/cuda >/dev/null && make dist >/dev/null")
+    tarball = upstream_root / "files/aws-ofi-nccl-1.21.1.tar.gz"
+    shutil.copyfile(work / "src/aws-ofi-nccl-1.21.1.tar.gz", tarball)
+    return tarball
+
+
+def test_plugin_builds_from_its_make_dist_release_tarball(
+        release_tarball: Path, real_manifest: Path, real_upstream: str, cache_dir: Path,
+        tmp_path: Path) -> None:
+    with tarfile.open(release_tarball) as archive:
+        names = set(archive.getnames())
+    assert {"aws-ofi-nccl-1.21.1/.release_version", "aws-ofi-nccl-1.21.1/configure"} <= names
+    assert not any("/.git/" in name for name in names)
+    manifest = tmp_path / "real-efa-nccl.toml"
+    manifest.write_text(real_manifest.read_text().replace(
+        "[stages.aws-ofi-nccl]\n",
+        f'[stages.aws-ofi-nccl]\nurl = "{real_upstream}/files/aws-ofi-nccl-{{version}}.tar.gz"\n'))
+    result = invoke("lock", "--manifest", str(manifest), cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lock = manifest.with_name("real-efa-nccl.lock.json").read_text()
+    assert hashlib.sha256(release_tarball.read_bytes()).hexdigest() in lock
+    plan = invoke("plan", "--target", "efa-nccl", "--manifest", str(manifest), "--json",
+                  "--set", ONLY_FUNCS, cache=cache_dir)
+    assert plan.returncode == 0, plan.stderr
+    status = {s["name"]: s["status"] for s in json.loads(plan.stdout)["stages"]}
+    # Only the plugin and the image it is in change; NCCL and nccl-tests are reused.
+    assert status["nccl"] == status["nccl-tests"] == status["efa"] == "cached", status
+    assert status["aws-ofi-nccl"] != "cached", status
+    tag = f"imageforge-test/real-efa-nccl:dist-{RUN}"
+    result = invoke("build", "--target", "efa-nccl", "--manifest", str(manifest), "--set",
+                    ONLY_FUNCS, "--locked", "--tag", tag, "--progress", "plain",
+                    cache=cache_dir, timeout=BUILD_TIMEOUT)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    assert "0 failed" in result.stdout
+    assert re.search(r"^aws-ofi-nccl\s+1\.21\.1\s+1\.21\.1\s+yes", result.stdout, re.M)
+    assert "/usr/local/lib/libnccl-net.so" in run_in(tag, "ls /usr/local/lib/libnccl-net.so")

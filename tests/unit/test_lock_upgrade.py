@@ -236,3 +236,18 @@ def test_a_pip_installed_stage_upgrades_from_its_pypi_releases(api: ScriptedServ
                               Endpoints(pypi=api.url("")))
     assert [(u.stage, u.old, u.new) for u in found] == [("sagemaker-training", "5.1.4", "5.1.9")]
     assert found[0].source == "https://pypi.org/pypi/sagemaker-training/json"
+
+
+def test_a_plugin_built_from_release_tarballs_upgrades_from_their_listing(
+        api: ScriptedServer) -> None:
+    # aws-ofi-nccl has both source kinds: with `url` set, its releases are the tarballs the
+    # listing names, not the tags of a git repository nobody fetches.
+    api.route("/ofi/", b'<a href="aws-ofi-nccl-1.19.0.tar.gz">1.19.0</a> '
+                       b'<a href="aws-ofi-nccl-1.21.1.tar.gz">1.21.1</a>')
+    manifest = load(ROOT / "manifests" / "real-efa-nccl.toml", (
+        "stages.aws-ofi-nccl.version=1.19.0", "stages.aws-ofi-nccl.policy=>=1.19",
+        f"stages.aws-ofi-nccl.url={api.url('/ofi/aws-ofi-nccl-{version}.tar.gz')}",
+        "stages.aws-ofi-nccl.repo=http://127.0.0.1:9/unreachable.git"), registry=STAGES)
+    found = upstream.upgrades(manifest, STAGES, ["aws-ofi-nccl"], Endpoints())
+    assert [(u.stage, u.old, u.new) for u in found] == [("aws-ofi-nccl", "1.19.0", "1.21.1")]
+    assert found[0].source == api.url("/ofi/")

@@ -79,7 +79,7 @@ def test_only_funcs_reaches_both_make_lines() -> None:
 
 def test_plugin_from_an_exported_tree_gets_its_release_version() -> None:
     recipe = recipes()["aws-ofi-nccl"]
-    assert "echo 1.21.1 > .release_version" in recipe
+    assert "echo 1.21.1 > .release_version;" in recipe
     assert recipe.index(".release_version") < recipe.index("./autogen.sh")
     # Releases before 1.19 take their version from configure.ac and need no file.
     assert ".release_version" not in recipes("stages.aws-ofi-nccl.version=1.18.0")["aws-ofi-nccl"]
@@ -114,3 +114,76 @@ def test_image_stage_removes_every_other_libnccl_and_keeps_the_plugin(tmp_path: 
     # The sample keeps its NCCL in /opt/conda: /usr/local/lib (where its plugin is) is searched.
     sample = recipes(manifest="manifests/sample.toml")["efa-nccl"]
     assert "/usr/local/lib" in sample and "! -path '/opt/conda/*'" in sample
+
+
+TARBALL = ("stages.aws-ofi-nccl.url=http://127.0.0.1:9/aws-ofi-nccl-{version}.tar.gz",
+           f"stages.aws-ofi-nccl.sha256={'0' * 64}")
+
+
+def bundles() -> Path:
+    """Where the real upstream git bundles are, as scripts/real-upstream.sh finds them."""
+    for candidate in (os.environ.get("IMAGEFORGE_UPSTREAM_BUNDLES"), ROOT / "shared/upstream",
+                      ROOT.parent / "shared/upstream"):
+        if candidate and (Path(candidate) / "aws-ofi-nccl.bundle").is_file():
+            return Path(candidate)
+    raise AssertionError("aws-ofi-nccl.bundle not found: set IMAGEFORGE_UPSTREAM_BUNDLES")
+
+
+@pytest.fixture(scope="module")
+def tag_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real aws-ofi-nccl v1.21.1 as GitHub's auto-generated tag archive has it (git
+    archive: no .git, no .release_version, no configure)."""
+    work = tmp_path_factory.mktemp("ofi")
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(bundles() / "aws-ofi-nccl.bundle"),
+                    str(work / "repo.git")], check=True)
+    archive = work / "aws-ofi-nccl-1.21.1.tar.gz"
+    subprocess.run(["git", "-C", str(work / "repo.git"), "archive", "--format=tar.gz",
+                    "--prefix=aws-ofi-nccl-1.21.1/", "-o", str(archive), "v1.21.1"], check=True)
+    return archive
+
+
+def chain(recipe: str, until: str) -> list[str]:
+    """The steps of the recipe's RUN (its && chain), up to the one starting with `until`."""
+    lines = recipe[recipe.index("RUN "):].splitlines()[1:]
+    steps = [line.strip().removesuffix("\\").strip().removeprefix("&& ") for line in lines]
+    return steps[:next(i for i, step in enumerate(steps) if step.startswith(until))]
+
+
+def run_chain(steps: list[str], src: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    script = " && ".join(steps).replace("/src/", f"{src}/").replace("/tmp/aws-ofi-nccl",
+                                                                       str(work))
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, cwd=work.parent)
+
+
+def test_plugin_from_a_release_tarball_is_a_url_source_pinned_by_sha256() -> None:
+    planned = project.plan(project.Settings(manifest=Path(REAL), overrides=TARBALL), "efa-nccl")
+    stage = next(s for s in planned.stages if s.name == "aws-ofi-nccl")
+    assert "tar -xf /src/aws-ofi-nccl-1.21.1.tar.gz --strip-components=1" in stage.recipe
+    assert "from=src-aws-ofi-nccl,target=/src" in stage.recipe
+    git = next(s for s in project.plan(project.Settings(manifest=Path(REAL)), "efa-nccl").stages
+               if s.name == "aws-ofi-nccl")
+    assert stage.key != git.key
+
+
+def test_a_real_tag_archive_needs_the_release_version_and_gets_it(tag_archive: Path,
+                                                                  tmp_path: Path) -> None:
+    steps = chain(recipes(*TARBALL)["aws-ofi-nccl"], "./configure")
+    assert any(".release_version" in step for step in steps), steps
+    # Without the version file, the real autogen.sh stops as it does on GitHub's archives.
+    bare = [step for step in steps if ".release_version" not in step]
+    result = run_chain(bare, tag_archive.parent, tmp_path / "bare")
+    assert result.returncode != 0 and "No version found" in result.stdout + result.stderr
+    result = run_chain(steps, tag_archive.parent, tmp_path / "src")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "src/.release_version").read_text().strip() == "1.21.1"
+    assert "1.21.1" in (tmp_path / "src/configure").read_text()[:4000]
+
+
+def test_a_failed_step_before_the_version_file_fails_the_build(tmp_path: Path) -> None:
+    # A missing tarball must stop the chain; an unbraced `a || b` would carry on.
+    steps = chain(recipes(*TARBALL)["aws-ofi-nccl"], "./configure")
+    (tmp_path / "empty").mkdir()
+    result = run_chain(steps, tmp_path / "empty", tmp_path / "src")
+    assert result.returncode != 0
+    assert not list(tmp_path.rglob(".release_version"))
+    assert not (tmp_path / "src/configure").exists()

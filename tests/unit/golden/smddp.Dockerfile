@@ -78,6 +78,12 @@ RUN --mount=type=bind,from=src-pytorch,target=/tmp/pytorch,rw --mount=type=cache
     export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
     && cd /tmp/pytorch \
     && env USE_SYSTEM_NCCL=1 NCCL_ROOT=/opt/conda NCCL_INCLUDE_DIR=/opt/conda/include NCCL_LIB_DIR=/opt/conda/lib 'TORCH_CUDA_ARCH_LIST=3.7 5.0 7.0+PTX 8.0' 'TORCH_NVCC_FLAGS=-Xfatbin -compress-all' CMAKE_PREFIX_PATH=/opt/conda CUDA_HOME=/usr/local/cuda /opt/conda/bin/python setup.py install --root=/out
+COPY <<'EOF' /opt/imageforge/pip/pytorch.txt
+typing-extensions
+EOF
+RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
+    && /opt/conda/bin/pip install --disable-pip-version-check --prefix=/out/opt/conda --ignore-installed -r /opt/imageforge/pip/pytorch.txt
 
 # ---- sagemaker-training ----
 FROM python AS sagemaker-training
@@ -97,9 +103,13 @@ COPY --from=nccl /out/ /
 COPY --from=pytorch /out/ /
 ENV LD_LIBRARY_PATH="/opt/conda/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/conda/bin${PATH:+:${PATH}}"
+RUN apt-get update \
+    && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libjpeg-dev libpng-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN --mount=type=bind,from=src-torchvision,target=/tmp/vision,rw \
     cd /tmp/vision \
-    && env BUILD_VERSION=0.11.3+cu113 /opt/conda/bin/python setup.py install --root=/out
+    && env BUILD_VERSION=0.11.3+cu113 /opt/conda/bin/python setup.py install --root=/out \
+    && find /out -name '*.so' -exec ldd {} + | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | grep -E '/lib(jpeg|png)[^/]*$' | sort -u | while read -r lib; do dir=/out"$(readlink -f "$(dirname "$lib")")"; mkdir -p "$dir" && cp -L "$lib" "$dir/" || exit 1; done
 
 # ---- smddp ----
 FROM efa AS smddp
