@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from invoke.collection import Collection
 from invoke.context import Context
@@ -562,24 +562,36 @@ ns.add_task(goldens)
             "sizes": "synthetic graph sizes for planning at scale, e.g. 10,100,1000",
             "builds": "run the image builds (--no-builds: planning at scale only)",
             "keep": "keep the work directory (upstream, manifest, Dockerfiles)",
-            "prune": "prune BuildKit's whole build cache before each cold build (--no-prune "
-                     "on a daemon others use: cold builds may then find cached steps)"})
+            "engine": "own (default): a Docker engine of the benchmark's own, pruned before "
+                      "each cold build; host: the host's engine, never pruned (cold builds "
+                      "may then find cached steps)"})
 @boundary
 def bench(c: Context, repeats: str = "3", out: str = "bench/results.json",
           sizes: str = "10,100,1000", builds: bool = True, keep: bool = False,
-          prune: bool = True) -> None:
+          engine: str = "own") -> None:
     """Benchmark imageforge against one plain Dockerfile on the sample upstream (several
-    minutes; prunes BuildKit's build cache before each cold build; best on an idle machine)."""
+    minutes; best on an idle machine). Builds run on a Docker engine of the benchmark's own,
+    whose BuildKit cache it prunes before each cold build; the host's is left alone."""
     from bench.run import Options, run_benchmark
 
     print(run_benchmark(Options(repeats=whole_number("repeats", repeats, minimum=1),
                                 out=Path(out),
                                 sizes=tuple(whole_number("sizes", s, minimum=1)
                                             for s in sizes.split(",") if s.strip()),
-                                builds=builds, keep=keep, prune=prune)))
+                                builds=builds, keep=keep,
+                                engine=bench_engine(engine))))
 
 
 ns.add_task(bench)
+
+
+def bench_engine(value: str) -> Literal["own", "host"]:
+    if value == "own":
+        return "own"
+    if value == "host":
+        return "host"
+    raise UsageError(f"--engine {value!r}: use `own` (the benchmark's own Docker engine) or "
+                     "`host`.")
 
 
 @task(

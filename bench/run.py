@@ -3,6 +3,8 @@
 1. Generate the sample upstream, serve it on a free port, write a bench manifest (the sample
    manifest with NCCL pinned explicitly, on a base image salted with this run's id so no other
    build on the daemon shares its steps), lock it, fetch every source once.
+   Every build runs on a Docker engine of the benchmark's own (bench/engine.py), started
+   with the sample's base image copied in: pruning it empties no other project's cache.
 2. imageforge: prune BuildKit's cache and start from an empty artifact cache (cold), build
    again (no-op, repeated), build the rendered Dockerfile with plain `docker buildx build`
    (BuildKit alone, fully cached: the yardstick of imageforge's own overhead), then one
@@ -29,10 +31,11 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bench import cpu
 from bench.baseline import SEED_ORDER, Baseline, baseline_dockerfile
+from bench.engine import Engine
 from bench.rawjson import layer_steps, parse_stream
 from bench.report import (
     BASELINE,
@@ -96,9 +99,10 @@ class Options:
     shapes: tuple[str, ...] = ("wide", "deep")
     builds: bool = True                    # False: planning at scale only
     keep: bool = False                     # keep the work directory (sources, Dockerfiles)
-    # False only to try the benchmark out on a shared daemon: the cold builds are then not
-    # guaranteed cold (their notes say when BuildKit served steps from its cache).
-    prune: bool = True
+    # "host": the host's engine, never pruned (for machines that cannot start a second
+    # dockerd): cold builds are then not guaranteed cold (their notes say when BuildKit
+    # served steps from its cache).
+    engine: Literal["own", "host"] = "own"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -259,11 +263,12 @@ class Bench:
         return "; ".join(lines) or proc.stderr.decode(errors="replace").strip()[:300]
 
     def prune(self) -> None:
-        """Empty BuildKit's cache: a cold build finds nothing, whoever built it before."""
-        if not self.options.prune:
-            self.say("not pruning BuildKit's cache: cold builds may find cached steps")
+        """Empty the benchmark engine's BuildKit cache: a cold build finds nothing, whoever
+        built it before. The host's engine is never pruned."""
+        if self.options.engine == "host":
+            self.say("on the host's engine: not pruning; cold builds may find cached steps")
             return
-        self.say("docker buildx prune --all --force (cold start)")
+        self.say("docker buildx prune --all --force on the benchmark's own engine (cold start)")
         proc = subprocess.run(["docker", "buildx", "prune", "--all", "--force"],
                               capture_output=True, check=False, timeout=600)
         self.must("docker buildx prune", proc)
@@ -518,12 +523,13 @@ def run_benchmark(options: Options) -> str:
     buildkit: Measurement | None = None
     chain: list[str] = [section for section, _ in SEED_ORDER]
     if options.builds:
-        with _workdir(options.keep) as work:
+        with _workdir(options.keep) as work, _engine(options, work):
             bench = Bench(options, work)
             result["background_load"] = round(cpu.background_load(), 3)
             if result["background_load"] > 0.10:
                 bench.say(f"warning: the machine is {result['background_load']:.0%} busy "
                           "before the benchmark; wall and CPU figures include that load")
+            result["engine"] = options.engine
             measurements, buildkit, chain, extra = _builds(bench, options)
             result.update(extra)
     plans = plan_at_scale(options.sizes, options.shapes)
@@ -679,6 +685,27 @@ def _host() -> dict[str, Any]:
             "docker": out("docker", "version", "--format", "{{.Server.Version}}"),
             "buildx": out("docker", "buildx", "version"),
             "python": sys.version.split()[0]}
+
+
+@contextlib.contextmanager
+def _engine(options: Options, work: Path) -> Iterator[None]:
+    """Every docker command of the run (imageforge's and the baseline's) on the benchmark's
+    own engine, through DOCKER_HOST."""
+    if options.engine == "host":
+        yield
+        return
+    before = os.environ.get("DOCKER_HOST")
+    with Engine(work / "engine") as engine:
+        print(f"benchmark engine: {engine.socket}", file=sys.stderr, flush=True)
+        engine.load([sample_base()])
+        os.environ.update(engine.env)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("DOCKER_HOST", None)
+            else:
+                os.environ["DOCKER_HOST"] = before
 
 
 @contextlib.contextmanager

@@ -1,0 +1,180 @@
+"""A Docker engine of the benchmark's own, so that pruning it for a cold start empties no
+other project's BuildKit cache.
+
+A second dockerd on its own socket, data-root, exec-root and bridge, sharing this host's
+containerd under its own namespaces (as the integration tests' second engine does). Build
+steps reach PyPI through the engine's bridge: dockerd runs with `--iptables=false` so it
+never rewrites the host engine's chains, and the engine adds only its own three rules
+(masquerade and forward for its subnet, each tagged with a comment naming it) and removes
+them when it stops. Everything it made (containerd namespaces, bridge, mounts) goes with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from imageforge.errors import FatalError
+
+START_TIMEOUT_S = 60
+
+
+class EngineError(FatalError):
+    """The benchmark's own Docker engine could not be started or prepared."""
+
+
+class Engine:
+    """`with Engine(dir) as engine:` a running dockerd; `engine.env` reaches it."""
+
+    def __init__(self, root: Path, *, label: str = "imageforge-bench") -> None:
+        run = uuid.uuid4().hex[:8]
+        self.root = root
+        self.name = f"{label}-{run}"
+        self.socket = root / "docker.sock"
+        self.bridge = f"ifbb{run}"
+        self.subnet = f"10.214.{int(run[:2], 16)}.0/24"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.rules: list[list[str]] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"DOCKER_HOST": f"unix://{self.socket}"}
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 600
+               ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(["docker", *args], env={**os.environ, **self.env},
+                              capture_output=True, text=True, check=False, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise EngineError(f"docker {' '.join(args)} on the benchmark's engine failed: "
+                              f"{proc.stderr.strip()[-500:]}")
+        return proc
+
+    def __enter__(self) -> Engine:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}')
+        gateway = self.subnet.replace(".0/24", ".1/24")
+        for command in (["ip", "link", "add", "name", self.bridge, "type", "bridge"],
+                        ["ip", "addr", "add", gateway, "dev", self.bridge],
+                        ["ip", "link", "set", self.bridge, "up"]):
+            _must(command)
+        tag = ["-m", "comment", "--comment", self.name]
+        for table, chain, rule in (
+                ("nat", "POSTROUTING", ["-s", self.subnet, "!", "-o", self.bridge,
+                                        "-j", "MASQUERADE"]),
+                ("filter", "FORWARD", ["-i", self.bridge, "-j", "ACCEPT"]),
+                ("filter", "FORWARD", ["-o", self.bridge, "-m", "conntrack", "--ctstate",
+                                       "RELATED,ESTABLISHED", "-j", "ACCEPT"])):
+            _must(["iptables", "-t", table, "-I", chain, *rule, *tag])
+            self.rules.append(["iptables", "-t", table, "-D", chain, *rule, *tag])
+        log = (self.root / "dockerd.log").open("a")
+        self.process = subprocess.Popen(
+            ["dockerd", "--host", f"unix://{self.socket}", "--data-root",
+             str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+             "--pidfile", str(self.root / "docker.pid"),
+             "--config-file", str(self.root / "daemon.json"),
+             "--containerd", "/run/containerd/containerd.sock",
+             "--containerd-namespace", self.name,
+             "--containerd-plugins-namespace", f"{self.name}-plugins",
+             "--bridge", self.bridge, "--iptables=false", "--ip6tables=false"],
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.docker("info", check=False, timeout=30).returncode != 0:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = (self.root / "dockerd.log").read_text()[-1500:]
+                raise EngineError(f"the benchmark's dockerd did not start:\n{tail}")
+            time.sleep(0.3)
+
+    def load(self, images: Sequence[str]) -> None:
+        """Copy images from the host's engine (the benchmark's base images) into this one."""
+        for image in images:
+            save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+            assert save.stdout is not None
+            load = subprocess.run(["docker", "load", "--quiet"], stdin=save.stdout,
+                                  env={**os.environ, **self.env}, capture_output=True,
+                                  check=False, timeout=600)
+            save.stdout.close()
+            saved = save.wait(timeout=600)
+            if saved != 0 or load.returncode != 0:
+                why = (save.stderr.read().decode(errors="replace") if save.stderr else "")
+                raise EngineError(f"could not copy {image} into the benchmark's engine: "
+                                  f"{why.strip() or load.stderr.decode(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        for target in sorted(self._mounts(), reverse=True):
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+        for rule in self.rules:
+            subprocess.run(rule, capture_output=True, check=False)
+        self.rules = []
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        self._forget()
+
+    def _mounts(self) -> list[str]:
+        inside = str(self.root) + "/"
+        with open("/proc/self/mounts") as table:
+            targets = [line.split()[1].encode().decode("unicode_escape") for line in table]
+        return [t for t in targets if t.startswith(inside)]
+
+    def _forget(self) -> None:
+        """Empty and remove this engine's namespaces in the host's containerd (its images,
+        snapshots and content would otherwise stay there)."""
+        for namespace in (self.name, f"{self.name}_history", f"{self.name}-plugins"):
+            ctr = ["ctr", "-n", namespace]
+
+            def listed(*args: str, ctr: list[str] = ctr) -> list[str]:
+                found = subprocess.run([*ctr, *args], capture_output=True, text=True,
+                                       check=False)
+                return found.stdout.split() if found.returncode == 0 else []
+
+            def rm(*args: str, ctr: list[str] = ctr) -> None:
+                subprocess.run([*ctr, *args], capture_output=True, check=False)
+
+            for container in listed("containers", "ls", "-q"):
+                rm("containers", "rm", container)
+            for image in listed("images", "ls", "-q"):
+                rm("images", "rm", "--sync", image)
+            for lease in listed("leases", "ls", "-q"):
+                rm("leases", "rm", "--sync", lease)
+            # Children before parents: each pass removes the snapshots nothing builds on.
+            for _ in range(50):
+                table = subprocess.run([*ctr, "snapshots", "ls"], capture_output=True,
+                                       text=True, check=False).stdout.splitlines()[1:]
+                if not table:
+                    break
+                for row in table:
+                    rm("snapshots", "rm", row.split()[0])
+            for blob in listed("content", "ls", "-q"):
+                rm("content", "rm", blob)
+            subprocess.run(["ctr", "namespaces", "rm", namespace], capture_output=True,
+                           check=False)
+
+
+def _must(command: list[str]) -> None:
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise EngineError(f"{' '.join(command)} failed: {proc.stderr.strip()}")

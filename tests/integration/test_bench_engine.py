@@ -1,0 +1,51 @@
+"""The benchmark's own Docker engine: pruning it for a cold start leaves the host engine's
+BuildKit cache alone, its build steps reach the network through its own bridge, and it
+leaves nothing behind (iptables rules, bridge, containerd namespaces)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+from bench.engine import Engine
+from bench.run import sample_base
+
+
+def host_build(dockerfile: Path, context: Path) -> str:
+    proc = subprocess.run(["docker", "buildx", "build", "--progress", "plain", "-f",
+                           str(dockerfile), str(context)], capture_output=True, text=True,
+                          check=True, timeout=600)
+    return proc.stderr
+
+
+def test_pruning_the_bench_engine_leaves_the_hosts_cache(docker_ready: None,
+                                                          tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    context = tmp_path / "context"
+    context.mkdir()
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(f"FROM {sample_base()}\nRUN echo {marker} > /marker\n")
+    host_build(dockerfile, context)
+    with Engine(tmp_path / "engine") as engine:
+        name = engine.name
+        engine.load([sample_base()])
+        # A build step on the engine's bridge reaches a name outside (DNS and NAT).
+        reach = tmp_path / "Reach.Dockerfile"
+        reach.write_text(f"FROM {sample_base()}\nRUN getent hosts pypi.org\n"
+                         f"RUN echo {marker} > /marker\n")
+        engine.docker("buildx", "build", "-f", str(reach), str(context))
+        assert engine.docker("buildx", "du").stdout.strip()
+        engine.docker("buildx", "prune", "--all", "--force")
+        assert re.search(r"Total:\s+0B", engine.docker("buildx", "du").stdout)
+    # The host's step is still cached.
+    log = host_build(dockerfile, context)
+    assert re.search(rf"#(\d+) \[2/2\] RUN echo {marker} > /marker\n#\1 CACHED", log), log
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+    assert name not in rules
+    assert engine.bridge not in subprocess.run(["ip", "link"], capture_output=True, text=True,
+                                               check=True).stdout
+    namespaces = subprocess.run(["ctr", "namespaces", "ls", "-q"], capture_output=True,
+                                text=True, check=True).stdout.split()
+    assert not [n for n in namespaces if n.startswith(name)]
