@@ -120,7 +120,21 @@ def settings(c: Context, manifest: str | None, overrides: list[str] | None,
         remote=remote or config.get("remote") or None,
         rewrites=parse_rewrites(config.get("rewrite")),
         mirror=mirror,
+        stage_dirs=stage_dirs(config.get("stage_dirs")),
     )
+
+
+def stage_dirs(value: Any) -> tuple[Path, ...]:
+    """`imageforge.stage_dirs` (invoke.yaml, or INVOKE_IMAGEFORGE_STAGE_DIRS): a list of
+    directories, or one string of them separated like PATH."""
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return tuple(Path(v) for v in value.split(os.pathsep) if v)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(Path(v) for v in value)
+    raise UsageError(f"imageforge.stage_dirs = {value!r}: give a directory or a list of "
+                     "directories of stage modules.")
 
 
 @task(help={"manifest": MANIFEST_HELP, "set": SET_HELP,
@@ -271,7 +285,7 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
     github = os.environ.get("GITHUB_STEP_SUMMARY")
     if github:
         write_output("$GITHUB_STEP_SUMMARY", github, markdown_summary(result), append=True)
-    if not test or not project.is_image(target):
+    if not test or not project.is_image(s, target):
         return
     if push:
         # Nothing local to run: the image went to the registry without being loaded.
@@ -354,10 +368,10 @@ def test_image(c: Context, target: str | None = None, image: str | None = None,
     one fails. Passing runs are recorded by image digest in cache/tests/."""
     from imageforge.build import default_tag
 
-    if target is not None and not project.is_image(target):
-        raise UsageError(f"--target {target} is not an image; test-image checks image "
-                         f"targets: {', '.join(project.image_targets())}.")
     s = settings(c, manifest, set)
+    if target is not None and not project.is_image(s, target):
+        raise UsageError(f"--target {target} is not an image; test-image checks image "
+                         f"targets: {', '.join(project.image_targets(s))}.")
     target = target or project.default_target(s)
     planned = project.plan(s, target)
     json_path = Path(json) if json else None
@@ -528,7 +542,7 @@ ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, expla
                promote, cache, mirror)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
                              "remote": "", "rewrite": "", "repository": "", "webhook": "",
-                             "layer_cache": "", "ca_bundle": ""}})
+                             "layer_cache": "", "ca_bundle": "", "stage_dirs": ""}})
 
 
 # (manifest, target, golden file): the Dockerfiles tests/unit/test_render.py compares with.

@@ -24,7 +24,7 @@ from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.render import render_dockerfile
 from imageforge.sources import SourceCache
 from imageforge.stage import Stage
-from stages import STAGES
+from stages import discover
 
 DEFAULT_MANIFEST = Path("manifests/smddp.toml")
 
@@ -44,6 +44,14 @@ class Settings:
     rewrites: tuple[mirror_mod.Rewrite, ...] = ()
     # A mirror made by `mirror.sync` (directory or URL): the only place sources come from.
     mirror: str | None = None
+    # Directories of a team's own stage modules, beside imageforge's stages/ (invoke config
+    # `imageforge.stage_dirs`).
+    stage_dirs: tuple[Path, ...] = ()
+
+    @property
+    def registry(self) -> Mapping[str, Stage]:
+        """Every stage: imageforge's own and those in stage_dirs."""
+        return discover(self.stage_dirs)
 
 
 def load_manifest(settings: Settings, *, resolve: bool = False) -> Manifest:
@@ -55,19 +63,19 @@ def load_manifest(settings: Settings, *, resolve: bool = False) -> Manifest:
 
 def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
     """The lock applied to the effective manifest, after every compatibility rule passed."""
-    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
     local = local_ids(settings, "record" if resolve else "read")
-    settled = lock.settle(loaded, current, STAGES, local_id=local)
+    settled = lock.settle(loaded, current, settings.registry, local_id=local)
     rule_verdict(settled.manifest, settled.nccl_pin())
     if settings.locked:
-        lock.check(loaded, current, path, registry=STAGES)
+        lock.check(loaded, current, path, registry=settings.registry)
     elif resolve and settled.unresolved:
         # Only now, after the rules passed: resolving may download.
-        pinned.verify_commits(loaded, STAGES, source_cache(settings).locate_url)
-        resolver = lock.Upstream(cache=source_cache(settings), stages=STAGES)
-        settled = lock.settle(loaded, current, STAGES, resolver, local)
+        pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
+        resolver = lock.Upstream(cache=source_cache(settings), stages=settings.registry)
+        settled = lock.settle(loaded, current, settings.registry, resolver, local)
         rule_verdict(settled.manifest, settled.nccl_pin())
     _tell_stale(path, current, settled, resolved=resolve)
     return settled
@@ -100,30 +108,31 @@ def rule_verdict(manifest: Manifest, pin: NcclPin | None) -> rules.Verdict:
 
 def waived(settings: Settings, manifest: Manifest) -> rules.Verdict:
     """What the waivers of `manifest` (as planned) accept, for `invoke plan`."""
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     current = lock.read(lock.lock_path(settings.manifest))
-    return rule_verdict(manifest, lock.settle(raw, current, STAGES).nccl_pin())
+    return rule_verdict(manifest, lock.settle(raw, current, settings.registry).nccl_pin())
 
 
 def default_target(settings: Settings) -> str:
     """The image the manifest defines: what commands build without --target."""
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     # Quietly: the command's own planning reports the lock and the rules.
-    loaded = lock.settle(raw, lock.read(lock.lock_path(settings.manifest)), STAGES).manifest
-    images = defined_targets(loaded, registry_for(loaded))
+    loaded = lock.settle(raw, lock.read(lock.lock_path(settings.manifest)),
+                          settings.registry).manifest
+    images = defined_targets(loaded, registry_for(settings, loaded))
     if len(images) == 1:
         return images[0]
     if images:
         raise UsageError(f"--target: {settings.manifest} defines {len(images)} images "
                          f"({', '.join(images)}); pass --target with one of them.")
     raise UsageError(f"--target: {settings.manifest} defines no whole image (none of "
-                     f"{', '.join(image_targets())} has every stage table it needs); pass "
+                     f"{', '.join(image_targets(settings))} has every stage table it needs); pass "
                      "--target with the stage to use.")
 
 
-def registry_for(manifest: Manifest) -> Mapping[str, Stage]:
+def registry_for(settings: Settings, manifest: Manifest) -> Mapping[str, Stage]:
     """The stage graph of `manifest` (without what an extended image already has)."""
-    return extends.registry(STAGES, manifest)
+    return extends.registry(settings.registry, manifest)
 
 
 def plan(settings: Settings, target: str, *, remote: Remote | None = None,
@@ -131,7 +140,7 @@ def plan(settings: Settings, target: str, *, remote: Remote | None = None,
     """The plan with each stage's status: in the local artifact store, in the remote one,
     or to be built. `resolve`: see load_manifest."""
     loaded = load_manifest(settings, resolve=resolve)
-    planned = make_plan(loaded, target, registry_for(loaded))
+    planned = make_plan(loaded, target, registry_for(settings, loaded))
     return with_statuses(planned, artifact_store(settings), remote)
 
 
@@ -176,18 +185,19 @@ def write_lock(settings: Settings, *, upgrade: bool,
         raise ManifestError(f"--mirror {settings.mirror}: a lock is resolved against upstream "
                             "and a mirror holds only what a lock already pins; run `invoke lock` "
                             "without --mirror.")
-    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     path = lock.lock_path(settings.manifest)
     # A lock an older imageforge wrote is replaced whole.
     previous = lock.read(path, old_ok=True)
     # Before anything is downloaded; PyTorch's NCCL pin is judged once it is resolved.
     rules.enforce(manifest_mod.with_versions(loaded, previous.versions() if previous else {},
-                                             registry=STAGES), None)
-    pinned.verify_commits(loaded, STAGES, source_cache(settings).locate_url)
-    settled = lock.resolve(loaded, STAGES, source_cache(settings), previous, upgrade=upgrade,
-                           only=stages, local_id=local_ids(settings, "refresh"))
+                                             registry=settings.registry), None)
+    pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
+    settled = lock.resolve(loaded, settings.registry, source_cache(settings), previous,
+                           upgrade=upgrade, only=stages, local_id=local_ids(settings, "refresh"))
     new = settled.lock()
-    rules.enforce(manifest_mod.with_versions(loaded, new.versions(), registry=STAGES), new.pin())
+    rules.enforce(manifest_mod.with_versions(loaded, new.versions(), registry=settings.registry),
+                  new.pin())
     changes = lock.diff(previous, new)
     # Same pins, same creation time: only a moved pin gives images a new date.
     kept = previous.source_date_epoch if previous and not lock.pins_moved(previous, new) else None
@@ -201,21 +211,21 @@ def write_lock(settings: Settings, *, upgrade: bool,
 def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
     """The lock when every entry the effective manifest needs is current, and the sha256 of
     its file."""
-    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     path = lock.lock_path(settings.manifest)
     found = lock.read(path)
     if found is None:
         return None
-    settled = lock.settle(loaded, found, STAGES)
+    settled = lock.settle(loaded, found, settings.registry)
     if settled.stale or settled.unused:
         return None
     return found, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def check_lock(settings: Settings) -> Path:
-    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     path = lock.lock_path(settings.manifest)
-    lock.check(loaded, lock.read(path), path, registry=STAGES)
+    lock.check(loaded, lock.read(path), path, registry=settings.registry)
     return path
 
 
@@ -225,12 +235,12 @@ def mirror_sync(settings: Settings, to: Path) -> Path:
     if settings.mirror:
         raise ManifestError(f"--mirror {settings.mirror}: mirror.sync copies from upstream; "
                             "run it without --mirror.")
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
-    lock.check(raw, current, path, registry=STAGES)
-    applied = lock.settle(raw, current, STAGES).manifest
-    return mirror_mod.sync(applied, registry_for(applied), source_cache(settings), to)
+    lock.check(raw, current, path, registry=settings.registry)
+    applied = lock.settle(raw, current, settings.registry).manifest
+    return mirror_mod.sync(applied, registry_for(settings, applied), source_cache(settings), to)
 
 
 def fetch(settings: Settings, target: str) -> dict[str, Path]:
@@ -241,15 +251,16 @@ def fetch(settings: Settings, target: str) -> dict[str, Path]:
 def check(settings: Settings) -> list[str]:
     """Validate the manifest, its lock and the compatibility rules, and plan every image it
     defines; returns report lines. Every rule violation is reported at once."""
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=STAGES)
+    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     path = lock.lock_path(settings.manifest)
     current = lock.read(path)
     if settings.locked:
-        lock.check(raw, current, path, registry=STAGES)
-    settled = lock.settle(raw, current, STAGES, local_id=local_ids(settings, "read"))
+        lock.check(raw, current, path, registry=settings.registry)
+    settled = lock.settle(raw, current, settings.registry,
+                          local_id=local_ids(settings, "read"))
     pin = settled.nccl_pin()
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
-    judged = manifest_mod.with_versions(raw, settled.lock().versions(), registry=STAGES)
+    judged = manifest_mod.with_versions(raw, settled.lock().versions(), registry=settings.registry)
     verdict = rules.enforce(judged, pin)
     lines = [f"note: {note}" for note in compat.notes(judged)] + verdict.lines()
     lines.append(f"lock: {path.name} " + _lock_state(current, settled))
@@ -258,7 +269,7 @@ def check(settings: Settings) -> list[str]:
         lines.append('nccl: version "auto" is resolved by `invoke lock`; plans need the lock')
         return lines
     loaded = codedir.apply(loaded)
-    graph = registry_for(loaded)
+    graph = registry_for(settings, loaded)
     plans = [make_plan(loaded, t, graph) for t in defined_targets(loaded, graph)]
     warned = dict.fromkeys(w for planned in plans for w in planned.warnings())
     lines += [f"warning: {w}" for w in warned]
@@ -298,13 +309,13 @@ def manifest_label(path: Path) -> str:
         return str(path)
 
 
-def targets() -> Sequence[str]:
-    return list(STAGES)
+def targets(settings: Settings) -> Sequence[str]:
+    return list(settings.registry)
 
 
-def is_image(target: str) -> bool:
-    return target in STAGES and STAGES[target].image
+def is_image(settings: Settings, target: str) -> bool:
+    return target in settings.registry and settings.registry[target].image
 
 
-def image_targets() -> list[str]:
-    return [name for name, stage in STAGES.items() if stage.image]
+def image_targets(settings: Settings) -> list[str]:
+    return [name for name, stage in settings.registry.items() if stage.image]
