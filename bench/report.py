@@ -62,6 +62,9 @@ class Target:
     measured: str
     limit: str
     passed: bool
+    # A speed target: reported with pass or fail, never failing the run (the machine decides);
+    # what was rebuilt is a promise and fails it.
+    timing: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -135,8 +138,10 @@ def scenario_table(measurements: Sequence[Measurement], chain: Sequence[str]) ->
 
 
 def targets_table(targets: Sequence[Target]) -> str:
+    """Speed targets missed read "missed (speed)": reported, not failing the run."""
     return markdown_table(["target", "measured", "limit", "result"],
-                          [[t.name, t.measured, t.limit, "pass" if t.passed else "FAIL"]
+                          [[t.name, t.measured, t.limit,
+                            "pass" if t.passed else "missed (speed)" if t.timing else "FAIL"]
                            for t in targets])
 
 

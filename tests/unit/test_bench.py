@@ -237,8 +237,10 @@ def test_an_efa_bump_that_rebuilds_other_than_the_graph_predicts_fails_the_run(
 
 def test_targets_pass_and_fail() -> None:
     measurements = [
-        _m(IMAGEFORGE, "no-op", [1.2], [], 9),
+        _m(IMAGEFORGE, "no-op", [0.45], [], 9),
+        _m(IMAGEFORGE, "cold", [60.0], CHAIN, 9),
         _m(IMAGEFORGE, "efa", [10.0], ["efa", "aws-ofi-nccl", "smddp"], 9),
+        _m(BASELINE, "cold", [50.0], CHAIN, 10, unit="layers"),
         _m(BASELINE, "efa", [40.0], CHAIN, 10, unit="layers"),
     ]
     buildkit = _m(BUILDKIT, "no-op", [1.0], [], 9)
@@ -246,9 +248,18 @@ def test_targets_pass_and_fail() -> None:
              {"size": 1000, "shape": "deep", "total_seconds": 5.0},
              {"size": 100, "shape": "deep", "total_seconds": 0.01}]
     results = {t.name: t.passed for t in evaluate(measurements, buildkit, plans, CHAIN)}
-    assert list(results.values()) == [True, True, True, True, True, False]
+    # no-op ratio, no-op seconds, cold ratio (1.2x: over 1.05x), efa ratio, efa rebuilt, ...
+    assert list(results.values()) == [True, True, False, True, True, True, True, False]
+    assert results["cold build: imageforge vs the linear Dockerfile"] is False
     slow = evaluate([_m(IMAGEFORGE, "no-op", [3.5], [], 9)], buildkit, [], CHAIN)
     assert [t.passed for t in slow] == [False, False]
+    # 0.5x exactly passes; just over fails.
+    edge = evaluate([_m(IMAGEFORGE, "no-op", [0.5], [], 9)], buildkit, [], CHAIN)
+    assert edge[0].passed
+    over = evaluate([_m(IMAGEFORGE, "no-op", [0.51], [], 9)], buildkit, [], CHAIN)
+    assert not over[0].passed
+    # Speed is reported; only what was rebuilt fails the run.
+    assert correctness_failures(over) == []
 
 
 # ---------------------------------------------------------------------------- scenarios
