@@ -86,6 +86,11 @@ COLD_RATIO_LIMIT = 1.05
 NOOP_SECONDS_LIMIT = 3.0
 PLAN_SECONDS_LIMIT = 1.0
 PLAN_TARGET_SIZE = 1000
+# The large graph: wide only. A deep graph's closures grow with its size, and every stage
+# copies its whole closure, so a deep 10,000-stage Dockerfile alone is about a gigabyte.
+LARGE_SIZE = 10_000
+LARGE_SECONDS_LIMIT = 2.0
+LARGE_RSS_MB_LIMIT = 300
 EFA_ONLY = ("efa", "aws-ofi-nccl", "smddp")
 # Scenarios that are not one-pin changes.
 WHOLE = ("cold", "no-op")
@@ -100,6 +105,7 @@ class Options:
     repeats: int = 3                       # no-op builds per tool (the median is reported)
     out: Path = ROOT / "bench" / "results.json"
     sizes: tuple[int, ...] = (10, 100, 1000)
+    large: int = LARGE_SIZE                # one more wide graph (0: none)
     shapes: tuple[str, ...] = ("wide", "deep")
     builds: bool = True                    # False: planning at scale only
     keep: bool = False                     # keep the work directory (sources, Dockerfiles)
@@ -496,6 +502,13 @@ def evaluate(measurements: Sequence[Measurement], buildkit: Measurement | None,
             limit=", ".join(after),
             passed=set(after) <= set(plain.rebuilt) and "pytorch" in plain.rebuilt))
     for row in plans:
+        if row["size"] == LARGE_SIZE:
+            targets.append(Target(
+                name=f"plan + render of {LARGE_SIZE:,} stages ({row['shape']} deps)",
+                measured=f"{row['total_seconds']:.3f} s, peak RSS {row['rss_peak_mb']:.0f} MB",
+                limit=f"< {LARGE_SECONDS_LIMIT:.0f} s, < {LARGE_RSS_MB_LIMIT} MB",
+                passed=(row["total_seconds"] < LARGE_SECONDS_LIMIT
+                        and row["rss_peak_mb"] < LARGE_RSS_MB_LIMIT), timing=True))
         if row["size"] != PLAN_TARGET_SIZE:
             continue
         targets.append(Target(
@@ -548,6 +561,8 @@ def run_benchmark(options: Options) -> str:
             measurements, buildkit, chain, extra = _builds(bench, options)
             result.update(extra)
     plans = plan_at_scale(options.sizes, options.shapes)
+    if options.large and "wide" in options.shapes:
+        plans += plan_at_scale((options.large,), ("wide",))
     targets = evaluate(measurements, buildkit, plans, chain)
     result.update(
         repeats={"no-op": options.repeats, "cold": 1, "one-pin": 1},

@@ -15,34 +15,59 @@ def direct_deps(stage: Stage) -> tuple[str, ...]:
 
 
 def closure(target: str, registry: Mapping[str, Stage]) -> list[str]:
-    """`target` and everything it needs, dependencies first, in a deterministic order."""
+    """`target` and everything it needs, dependencies first, in a deterministic order: each
+    direct dependency's closure in turn (sorted by name), without repeats, then `target`
+    (the post-order of a depth-first search). Closures are remembered per registry, so a
+    plan that asks for every stage's closure costs the graph once, not once per stage."""
     if target not in registry:
         close = difflib.get_close_matches(target, list(registry), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ManifestError(f"--target {target}: unknown stage; {hint}"
                             f"targets are: {', '.join(registry)}.")
-    # Iterative depth-first search: graphs may be deeper than Python's recursion limit.
-    order: list[str] = []
-    done: set[str] = set()
-    visiting: set[str] = set()
-    stack: list[tuple[str, list[str]]] = [(target, list(direct_deps(registry[target])))]
-    visiting.add(target)
+    memo = _memo(registry)
+    found = memo.get(target)
+    if found is None:
+        found = _closures(target, registry, memo)
+    return list(found)
+
+
+# The last registry's closures. Registries are built per command and never changed once
+# planning starts; a different registry object starts afresh.
+_last: tuple[Mapping[str, Stage], dict[str, tuple[str, ...]]] | None = None
+
+
+def _memo(registry: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
+    global _last
+    if _last is None or _last[0] is not registry:
+        _last = (registry, {})
+    return _last[1]
+
+
+def _closures(target: str, registry: Mapping[str, Stage],
+              memo: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    # Iterative: graphs may be deeper than Python's recursion limit.
+    visiting = {target}
+    stack = [(target, iter(direct_deps(registry[target])))]
     while stack:
         name, pending = stack[-1]
-        if not pending:
+        for dep in pending:
+            if dep in memo:
+                continue
+            if dep in visiting:
+                raise ManifestError(f"stage {dep!r} depends on itself through its "
+                                    "dependencies.")
+            visiting.add(dep)
+            stack.append((dep, iter(direct_deps(registry[dep]))))
+            break
+        else:
             stack.pop()
             visiting.discard(name)
-            done.add(name)
-            order.append(name)
-            continue
-        dep = pending.pop(0)
-        if dep in done:
-            continue
-        if dep in visiting:
-            raise ManifestError(f"stage {dep!r} depends on itself through its dependencies.")
-        visiting.add(dep)
-        stack.append((dep, list(direct_deps(registry[dep]))))
-    return order
+            order: dict[str, None] = {}
+            for dep in direct_deps(registry[name]):
+                order.update(dict.fromkeys(memo[dep]))
+            order[name] = None
+            memo[name] = tuple(order)
+    return memo[target]
 
 
 def parent_chain(name: str, registry: Mapping[str, Stage]) -> list[str]:

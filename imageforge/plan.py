@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from imageforge.dag import closure, direct_deps
@@ -118,9 +118,16 @@ def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
     context = Context(image=manifest.image, stages={**settings, **inputs})
     keys: dict[str, str] = {}
     planned: list[PlannedStage] = []
+    paths: dict[str, Mapping[str, Sequence[str]]] = {}
+
+    def paths_of(name: str) -> Mapping[str, Sequence[str]]:
+        if name not in paths:
+            paths[name] = registry[name].env_paths(context)
+        return paths[name]
+
     for name in names:
         stage = registry[name]
-        recipe = render_stage(stage, context, registry)
+        recipe = render_stage(stage, context, registry, paths_of)
         deps = direct_deps(stage)
         keys[name] = stage_key(
             name=name, recipe=recipe, inputs=keyed_inputs(stage, inputs[name]), manifest=manifest,

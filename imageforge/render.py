@@ -8,7 +8,7 @@ gathers them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from imageforge.dag import closure
 from imageforge.dockerfile import env_line
@@ -20,7 +20,13 @@ HEADER = """\
 """
 
 
-def render_stage(stage: Stage, ctx: Context, registry: Mapping[str, Stage]) -> str:
+# A stage's search-path contributions (env_paths) in one plan, asked for by every stage that
+# gathers it: make_plan passes a memo so each stage's are computed once.
+PathsOf = Callable[[str], Mapping[str, Sequence[str]]]
+
+
+def render_stage(stage: Stage, ctx: Context, registry: Mapping[str, Stage],
+                 paths_of: PathsOf | None = None) -> str:
     """One stage's Dockerfile block; this exact text is part of the stage key."""
     lines = [_from_line(stage, ctx)]
     needed = closure(stage.name, registry)
@@ -29,7 +35,8 @@ def render_stage(stage: Stage, ctx: Context, registry: Mapping[str, Stage]) -> s
     copied = [n for n in needed if n not in inherited]
     for name in copied:
         lines.extend(_copy_lines(registry[name]))
-    env = _env(stage, ctx, registry, needed)
+    env = _env(stage, ctx, registry, needed,
+               paths_of or (lambda name: registry[name].env_paths(ctx)))
     if env:
         lines.append(env_line(env))
     body = stage.recipe(ctx).strip()
@@ -63,8 +70,8 @@ def _copy_lines(dep: Stage) -> list[str]:
     return lines
 
 
-def _env(stage: Stage, ctx: Context, registry: Mapping[str, Stage], needed: list[str]
-         ) -> dict[str, str]:
+def _env(stage: Stage, ctx: Context, registry: Mapping[str, Stage], needed: list[str],
+         paths_of: PathsOf) -> dict[str, str]:
     """Variables this stage sets: those of the stages it gathers that its parent did not
     already set (a builder's own variables belong to the stages that use it)."""
     parent_set: set[str] = set()
@@ -74,12 +81,15 @@ def _env(stage: Stage, ctx: Context, registry: Mapping[str, Stage], needed: list
         if not parent.image:
             parent_set.discard(parent.name)
     contributors = [n for n in needed if n not in parent_set and (n != stage.name or stage.image)]
-    paths: dict[str, list[str]] = {}
+    # dict keys: ordered, and a repeated entry is kept only where it first appears.
+    paths: dict[str, dict[str, None]] = {}
     plain: dict[str, str] = {}
     # Later stages' paths come first so the most specific stage wins the lookup.
     for name in reversed(contributors):
-        for var, entries in registry[name].env_paths(ctx).items():
-            paths.setdefault(var, []).extend(e for e in entries if e not in paths.get(var, []))
+        for var, entries in paths_of(name).items():
+            found = paths.setdefault(var, {})
+            for entry in entries:
+                found.setdefault(entry, None)
     if stage.image:
         for name in needed:
             if name not in parent_set or name == stage.name:

@@ -364,3 +364,13 @@ def test_a_run_rewrites_only_the_readme_block_between_its_markers(tmp_path: Path
     plain.write_text("no markers\n")
     assert not update_readme(plain, "| t |", 1)
     assert plain.read_text() == "no markers\n"
+
+
+def test_the_large_wide_graph_has_its_time_and_memory_target() -> None:
+    def row(seconds: float, rss: float) -> dict[str, object]:
+        return {"size": 10_000, "shape": "wide", "total_seconds": seconds, "rss_peak_mb": rss}
+
+    [fast] = evaluate([], None, [row(1.5, 200.0)], CHAIN)
+    assert fast.passed and fast.timing and "10,000" in fast.name
+    assert [t.passed for t in evaluate([], None, [row(2.5, 200.0)], CHAIN)] == [False]
+    assert [t.passed for t in evaluate([], None, [row(1.5, 310.0)], CHAIN)] == [False]
