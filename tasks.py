@@ -252,8 +252,10 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
           layer_cache: str | None = None, ca_bundle: str | None = None,
           code: str | None = None, program: str | None = None,
           output: str | None = None) -> None:
-    """Build a target with BuildKit: every stage it needs, in one parallel build; then run
-    the image's checks (test-image)."""
+    """Build a target with BuildKit, then run its image checks.
+
+    Every stage the target needs is built in one parallel BuildKit run, and what no cache
+    holds is stored under its key; then test-image runs the image's checks."""
     from imageforge import cabundle, export
     from imageforge.build import BuildOptions, markdown_summary
     from imageforge.build import build as run_build
@@ -364,8 +366,10 @@ def test_image(c: Context, target: str | None = None, image: str | None = None,
                manifest: str | None = None, set: list[str] | None = None,
                hardware: bool = False, json: str | None = None, junit: str | None = None,
                report: str | None = None) -> None:
-    """Run every stage's smoke checks inside a built image, in one container; exit 10 when
-    one fails. Passing runs are recorded by image digest in cache/tests/."""
+    """Run every stage's smoke checks inside a built image; exit 10 when one fails.
+
+    The checks run in one container. Passing runs are recorded by image digest in
+    cache/tests/."""
     from imageforge.build import default_tag
 
     s = settings(c, manifest, set)
@@ -474,8 +478,9 @@ def explain(c: Context, target: str | None = None, manifest: str | None = None,
 @boundary
 def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
                 set: list[str] | None = None) -> None:
-    """Copy every source of a locked manifest into DIR (files, bare git repos, index.json)
-    for air-gapped builds with --mirror DIR."""
+    """Copy every source of a locked manifest into DIR, for air-gapped builds (--mirror).
+
+    DIR gets the files, bare git repositories and an index.json; build with --mirror DIR."""
     if not to:
         raise UsageError("mirror.sync needs --to DIR: the directory to write the mirror into.")
     print(project.mirror_sync(settings(c, manifest, set), Path(to)))
@@ -555,8 +560,9 @@ GOLDEN_DOCKERFILES = (
 @task(name="goldens")
 @boundary
 def goldens(c: Context) -> None:
-    """Rewrite the golden Dockerfiles of the render tests after an intended change; review
-    the diff before committing it (the tests only ever compare)."""
+    """Rewrite the golden Dockerfiles of the render tests after an intended change.
+
+    Review the diff before committing it (the tests only ever compare)."""
     for manifest, target, path in GOLDEN_DOCKERFILES:
         text = project.dockerfile(project.plan(project.Settings(manifest=Path(manifest)),
                                                target))
@@ -583,9 +589,11 @@ ns.add_task(goldens)
 def bench(c: Context, repeats: str = "3", out: str = "bench/results.json",
           sizes: str = "10,100,1000", builds: bool = True, keep: bool = False,
           engine: str = "own") -> None:
-    """Benchmark imageforge against one plain Dockerfile on the sample upstream (several
-    minutes; best on an idle machine). Builds run on a Docker engine of the benchmark's own,
-    whose BuildKit cache it prunes before each cold build; the host's is left alone."""
+    """Benchmark imageforge against one plain Dockerfile on the sample upstream.
+
+    Several minutes; best on an idle machine. Builds run on a Docker engine of the
+    benchmark's own, whose BuildKit cache it prunes before each cold build; the host's is
+    left alone."""
     from bench.run import Options, run_benchmark
 
     print(run_benchmark(Options(repeats=whole_number("repeats", repeats, minimum=1),
@@ -632,9 +640,10 @@ def run_local(c: Context, image: str | None = None, program: str | None = None,
               code: str | None = None, hosts: str = "1", hp: list[str] | None = None,
               channel: list[str] | None = None, output: str | None = None,
               timeout: str = "3600", json: bool = False) -> None:
-    """Run an image as a SageMaker training job on this machine (one container per host,
-    the /opt/ml files SageMaker writes, a private network), to try it before paying for
-    instances; exit 11 when a host fails or the job runs out of time."""
+    """Run an image as a SageMaker training job on this machine, before paying for instances.
+
+    One container per host, the /opt/ml files SageMaker writes, a private network; exit 11
+    when a host fails or the job runs out of time."""
     from imageforge import runlocal
 
     spec = runlocal.make_spec(image=image, output=output,
