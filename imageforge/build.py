@@ -179,7 +179,7 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
     image, every label imageforge would give it equal (each stage's key, the manifest and
     lock digests, waivers, the imageforge revision). BuildKit is not called at all; None
     when the image is missing or differs in any label (it is then made again, from the
-    cached stages)."""
+    cached stages), or the target's own entry is corrupt (it is rebuilt)."""
     wanted, _ = image_metadata(settings, planned)
     found = docker("image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", tag,
                    timeout=30)
@@ -191,6 +191,11 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
         return None
     # The daemon answered; a local base image replaced since the lock still stops the build.
     extends.require_same_image(planned.manifest)
+    # As a build that reuses it would: the target's entry is re-hashed where it changed, and
+    # a corrupt one is discarded and rebuilt, never kept.
+    target = planned.stage(planned.target)
+    if target.status == "cached" and store.verify(target.key) is None:
+        return None
     for stage in planned.stages:
         if stage.status == "cached":
             store.touch(stage.key)
