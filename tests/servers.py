@@ -5,15 +5,24 @@
         server.route("/cut", body, truncate_at=1000, accept_ranges=True)
         download(server.url("/f.tar.gz"), ...)
         assert server.count("/f.tar.gz") == 3
+
+Tests wait on what the server observed, never on the clock: every request is recorded
+(`Seen`) with the monotonic time it arrived, whether its client hung up before it was
+answered, and when its answer was complete; a route with `hold_at` sends part of the body,
+sets `holding` and waits for `release` (or for the client to hang up).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import re
+import select
+import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -41,12 +50,21 @@ class Route:
     stall: float = 0.0  # seconds to wait before answering...
     stalls: int = 0  # ...the first N requests
     drip: float = 0.0  # seconds to wait between chunks of the body
+    hold_at: int | None = None  # send this many body bytes, then wait for `release` (then drip)
+    holding: threading.Event = field(default_factory=threading.Event)  # set once they are sent
+    release: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
 class Seen:
+    """One request as the server saw it."""
+
     path: str
     headers: dict[str, str] = field(default_factory=dict)
+    at: float = 0.0  # time.monotonic() when it arrived
+    # Set when the client closed the connection before the whole answer was sent.
+    hung_up: threading.Event = field(default_factory=threading.Event)
+    answered: threading.Event = field(default_factory=threading.Event)  # all of the answer sent
 
     @property
     def range(self) -> str | None:
@@ -104,6 +122,11 @@ class ScriptedServer:
     def ranges(self, path: str) -> list[str | None]:
         return [seen.range for seen in self.requests_for(path)]
 
+    def gaps(self, path: str) -> list[float]:
+        """Seconds between consecutive requests for `path`, as the server received them."""
+        times = [seen.at for seen in self.requests_for(path)]
+        return [later - earlier for earlier, later in itertools.pairwise(times)]
+
 
 class _QuietServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -148,16 +171,46 @@ def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            seen = Seen(path=path, headers=dict(self.headers.items()), at=time.monotonic())
             with server.lock:
-                server.seen.append(Seen(path=path, headers=dict(self.headers.items())))
+                server.seen.append(seen)
                 plan = _plan(server, path)
             # The client may hang up early, which is what some tests want.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self._answer(plan)
+            try:
+                if self._answer(plan, seen):
+                    seen.answered.set()
+            except (BrokenPipeError, ConnectionResetError):
+                seen.hung_up.set()
+            if seen.hung_up.is_set():
+                self.close_connection = True
 
-        def _answer(self, plan: _Plan) -> None:
-            if plan.stall:
-                server.stopping.wait(plan.stall)
+        def _wait(self, seen: Seen, until: threading.Event, seconds: float | None) -> bool:
+            """Wait until `until` is set, `seconds` have passed or the server stops; False
+            (and `seen.hung_up` set) when the client hangs up first."""
+            deadline = None if seconds is None else time.monotonic() + seconds
+            while not (until.is_set() or server.stopping.is_set()):
+                left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                readable, _, _ = select.select([self.connection], [], [], left)
+                if readable and self._closed():
+                    seen.hung_up.set()
+                    return False
+                if readable:
+                    until.wait(left)  # bytes we do not read (a pipelined request): just wait
+            return True
+
+        def _closed(self) -> bool:
+            """The client closed (or reset) the connection: a readable socket with no data."""
+            try:
+                return not self.connection.recv(1, socket.MSG_PEEK)
+            except ConnectionError:
+                return True
+
+        def _answer(self, plan: _Plan, seen: Seen) -> bool:
+            """Answer the request; False when the client hung up before that."""
+            if plan.stall and not self._wait(seen, server.stopping, plan.stall):
+                return False
             route = plan.route
             if route is None:
                 self._status(404, None)
@@ -166,7 +219,8 @@ def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
             elif route.status != 200:
                 self._status(route.status, route.retry_after)
             else:
-                self._body(route, plan.truncate_at)
+                return self._body(route, plan.truncate_at, seen)
+            return True
 
         def _status(self, status: int, retry_after: str | None) -> None:
             self.send_response(status)
@@ -175,7 +229,7 @@ def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def _body(self, route: Route, truncate_at: int | None) -> None:
+        def _body(self, route: Route, truncate_at: int | None, seen: Seen) -> bool:
             start = self._range_start(route)
             payload = route.body[start:]
             self.send_response(200 if start is None else 206)
@@ -192,8 +246,16 @@ def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload[:truncate_at])
                 self.wfile.flush()
                 self.close_connection = True
-                return
+                return True
+            if route.hold_at is not None:
+                self.wfile.write(payload[:route.hold_at])
+                self.wfile.flush()
+                route.holding.set()
+                if not self._wait(seen, route.release, None):
+                    return False
+                payload = payload[route.hold_at:]
             self._send(payload, route.drip)
+            return True
 
         def _range_start(self, route: Route) -> int | None:
             match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))

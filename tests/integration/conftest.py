@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -70,21 +70,31 @@ def upstream(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> It
 
 
 @pytest.fixture(scope="session")
-def sample_manifest(tmp_path_factory: pytest.TempPathFactory, upstream: str,
-                    cache_dir: Path) -> Path:
-    """manifests/sample.toml pointing at this session's server, locked."""
+def sample_manifest(tmp_path_factory: pytest.TempPathFactory, upstream: str) -> Path:
+    """manifests/sample.toml pointing at this session's server, locked (with a cache of the
+    lock's own, so no module's cache starts with its sources). Shared read-only: a test that
+    edits the manifest or its lock works on a copy."""
     text = (ROOT / "manifests/sample.toml").read_text()
     path = tmp_path_factory.mktemp("manifests") / "sample.toml"
     path.write_text(text.replace(f"http://{SAMPLE_PORT}", upstream))
-    result = invoke("lock", "--manifest", str(path), cache=cache_dir)
+    result = invoke("lock", "--manifest", str(path), cache=tmp_path_factory.mktemp("lock-cache"))
     assert result.returncode == 0, result.stderr
     return path
 
 
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cache")
-    return path
+@pytest.fixture(scope="module")
+def cache_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An imageforge cache (sources, artifacts, reports, test records) of this module's own:
+    no module passes or fails because of what another module's builds left there, and the
+    modules pass in any order or alone. Within a module the tests share it on purpose (the
+    module-scoped images of test_build and test_checks are built once into it).
+
+    What stays shared across modules: BuildKit's layer cache in the host engine's builder
+    (content-addressed: a step's cache key is the hash of its inputs, so a hit gives the very
+    bytes a rebuild would; it only makes builds faster, never different), the sample upstream
+    and registry (tests push under names of their own), and the second engine (test_faults
+    prunes its build cache itself before each test that needs BuildKit to really work)."""
+    return tmp_path_factory.mktemp("cache-" + request.module.__name__.rpartition(".")[2])
 
 
 def invoke(*args: str, cache: Path | None = None, env: dict[str, str] | None = None,
@@ -137,6 +147,17 @@ class Running:
             assert time.monotonic() < deadline, f"no {pattern!r} in:\n{self.stderr}"
             time.sleep(0.02)
 
+    def wait_until(self, check: Callable[[], bool], what: str, timeout: float = 120,
+                   poll: float = 0.02) -> None:
+        """Until `check()` holds (an event outside this process: a file, a process of the
+        build); `timeout` is only a safety net."""
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {what}:\n" \
+                                             f"{self.stderr}"
+            assert time.monotonic() < deadline, f"no {what} after {timeout} s:\n{self.stderr}"
+            time.sleep(poll)
+
     def signal(self, signum: int, *, group: bool = False) -> None:
         """`group`: the whole process group, as Ctrl-C in a terminal does."""
         if group:
@@ -160,6 +181,28 @@ class Running:
     def last_line(self) -> str:
         lines = self.stderr.strip().splitlines()
         return lines[-1] if lines else ""
+
+
+def process_table() -> dict[int, tuple[int, list[str]]]:
+    """Every process of this host (build steps of every engine included): pid -> (parent
+    pid, argument vector)."""
+    table: dict[int, tuple[int, list[str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # gone meanwhile
+        table[int(entry.name)] = (int(stat.rpartition(")")[2].split()[1]), argv[:-1])
+    return table
+
+
+def process_with(token: str) -> bool:
+    """Some process (a build step too) has `token` in its command line: give the step a
+    token of the test's own (a flag, a path) to know it really runs."""
+    return any(token in arg for _, argv in process_table().values() for arg in argv)
 
 
 def assert_engine_clean(engine: SecondDockerd, builders: list[str]) -> None:
@@ -333,6 +376,28 @@ class SecondDockerd:
 
     def builders(self) -> list[str]:
         return sorted(self.docker("buildx", "ls", "--format", "{{.Name}}").stdout.split())
+
+    def step_commands(self) -> list[list[str]]:
+        """The argument vectors of the processes this engine's build steps run now: every
+        process with an ancestor of this engine's (its dockerd and the runc it starts, or a
+        containerd shim in its namespace), never one of the host engine's builds."""
+        table = process_table()
+        marks = (str(self.root), self.name)
+
+        def ours(pid: int) -> bool:
+            parent, hops = table[pid][0], 0
+            while parent in table and parent > 1 and hops < 64:
+                if any(mark in arg for arg in table[parent][1] for mark in marks):
+                    return True
+                parent, hops = table[parent][0], hops + 1
+            return False
+
+        return [argv for pid, (_, argv) in table.items() if argv and ours(pid)]
+
+    def runs(self, program: str, *args: str) -> bool:
+        """A build step of this engine runs `program` (its basename) with all of `args`."""
+        return any(Path(argv[0]).name == program and all(a in argv[1:] for a in args)
+                   for argv in self.step_commands())
 
     def executor_processes(self) -> list[str]:
         """Build steps (runc) this engine's BuildKit still runs."""

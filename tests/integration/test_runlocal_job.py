@@ -1,7 +1,8 @@
 """run-local with real Docker and the real SageMaker training toolkit (sagemaker-training
-5.1.4 + sagemaker-pytorch-training 3.0.0 from PyPI): tiny pure-Python programs run as
-training jobs of one and two hosts; failures, the time limit and Ctrl-C/SIGTERM; and after
-every job none of its containers or networks is left."""
+5.1.4 + sagemaker-pytorch-training 3.0.0 from PyPI, every package at the version and with
+the sha256 hashes of runlocal-toolkit.txt, installed with pip's --require-hashes): tiny
+pure-Python programs run as training jobs of one and two hosts; failures, the time limit and
+Ctrl-C/SIGTERM; and after every job none of its containers or networks is left."""
 
 from __future__ import annotations
 
@@ -25,14 +26,19 @@ from tests.integration.conftest import ROOT, docker_out, invoke
 # where untagging a 1.4 GB image costs 6-10 s at every session's end.
 IMAGE = "imageforge-test/runlocal:toolkit-5.1.4"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-# The toolkit from PyPI: pip reaches it through the host's CA bundle, handed over as a
-# secret so it lands in no layer; pip's cache mount makes a rebuild after a base change cheap.
+# The pinned, hash-checked requirement set (regenerate: see its first lines).
+REQUIREMENTS = Path(__file__).with_name("runlocal-toolkit.txt")
+# The toolkit from PyPI, exactly the set of REQUIREMENTS (bound in, so it lands in no
+# layer): pip refuses any file whose hash the set does not list, and any package the set
+# does not pin. pip reaches PyPI through the host's CA bundle, handed over as a secret;
+# pip's cache mount makes a rebuild after a base change cheap.
 DOCKERFILE = """\
 FROM imageforge/base:bookworm
 RUN python3 -m venv /opt/venv
 RUN --mount=type=secret,id=ca-bundle --mount=type=cache,target=/root/.cache/pip \\
-    PIP_CERT=/run/secrets/ca-bundle /opt/venv/bin/pip install \\
-        sagemaker-training==5.1.4 sagemaker-pytorch-training==3.0.0
+    --mount=type=bind,source=requirements.txt,target=/tmp/requirements.txt \\
+    PIP_CERT=/run/secrets/ca-bundle /opt/venv/bin/pip install --require-hashes \\
+        -r /tmp/requirements.txt
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
     SAGEMAKER_TRAINING_MODULE=sagemaker_pytorch_container.training:main
 """
@@ -104,17 +110,57 @@ time.sleep(300)
 """
 
 
+def build_toolkit(requirements: str, *tag: str) -> subprocess.CompletedProcess[str]:
+    """DOCKERFILE built with `requirements` as its requirement set."""
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "Dockerfile").write_text(DOCKERFILE)
+        (Path(context) / "requirements.txt").write_text(requirements)
+        return subprocess.run(
+            ["docker", "buildx", "build", "--load", "--progress", "plain", *tag,
+             "--secret", f"id=ca-bundle,src={CA_BUNDLE}", context],
+            capture_output=True, text=True, check=False, timeout=1200)
+
+
 @pytest.fixture(scope="session")
 def toolkit_image(docker_ready: None) -> str:
     """A small training image with the real toolkit, built (or found in the layer cache)."""
-    with tempfile.TemporaryDirectory() as context:
-        (Path(context) / "Dockerfile").write_text(DOCKERFILE)
-        build = subprocess.run(
-            ["docker", "buildx", "build", "--load", "--progress", "plain", "--tag", IMAGE,
-             "--secret", f"id=ca-bundle,src={CA_BUNDLE}", context],
-            capture_output=True, text=True, check=False, timeout=1200)
+    build = build_toolkit(REQUIREMENTS.read_text(), "--tag", IMAGE)
     assert build.returncode == 0, build.stderr[-3000:]
     return IMAGE
+
+
+def pinned(text: str) -> dict[str, tuple[str, list[str]]]:
+    """Requirement name -> (version, sha256 hashes), from a requirements file."""
+    logical = re.sub(r"\\\n", " ", re.sub(r"#.*", "", text))
+    found = {}
+    for line in filter(None, map(str.strip, logical.splitlines())):
+        name, _, rest = line.partition("==")
+        version, *options = rest.split()
+        found[name] = (version, [o.removeprefix("--hash=sha256:") for o in options])
+    return found
+
+
+def test_the_toolkit_set_pins_every_package_with_hashes() -> None:
+    requirements = pinned(REQUIREMENTS.read_text())
+    assert {"sagemaker-training", "sagemaker-pytorch-training"} <= set(requirements)
+    assert requirements["sagemaker-training"][0] == "5.1.4"
+    assert requirements["sagemaker-pytorch-training"][0] == "3.0.0"
+    for name, (version, hashes) in requirements.items():
+        assert re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), (name, version)
+        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+
+
+def test_a_package_whose_hash_differs_from_the_set_is_refused(docker_ready: None) -> None:
+    # One small package of the set (no dependencies of its own), every hash of it altered:
+    # the same Dockerfile, so the same pip command, must refuse what PyPI serves.
+    version, hashes = pinned(REQUIREMENTS.read_text())["jmespath"]
+    altered = " ".join(f"--hash=sha256:{h[::-1]}" for h in hashes)
+    refused = build_toolkit(f"jmespath=={version} {altered}\n")
+    assert refused.returncode != 0, refused.stderr[-3000:]
+    assert "DO NOT MATCH THE HASHES" in refused.stderr, refused.stderr[-3000:]
+    # pip names the hash of the file it got: one of the set's true hashes.
+    assert any(re.search(rf"\bGot\s+{h}\b", refused.stderr) for h in hashes), \
+        refused.stderr[-3000:]
 
 
 def program(tmp_path: Path, text: str) -> Path:

@@ -50,6 +50,14 @@ def sample_pins(sample_dir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
+def in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test with the repository root as the working directory (manifests name their
+    files relative to it), and the previous one back afterwards. Use it with
+    `pytestmark = pytest.mark.usefixtures("in_repo_root")` or as an argument."""
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
 def isolated_git(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")

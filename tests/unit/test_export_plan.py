@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from imageforge import export, project
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def in_root() -> Iterator[None]:
-    cwd = Path.cwd()
-    os.chdir(ROOT)
-    try:
-        yield
-    finally:
-        os.chdir(cwd)
+# Manifests name their files relative to the repository root.
+pytestmark = pytest.mark.usefixtures("in_repo_root")
 
 
 def test_a_tar_destination_uses_the_tar_exporter_while_written_under_another_name() -> None:

@@ -18,7 +18,7 @@ from tests.payloads import random_tarball
 from tests.servers import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[2]
-BODY = random_tarball(256 * 1024)
+BODY = random_tarball(1024 * 1024)
 
 
 @pytest.fixture
@@ -48,22 +48,42 @@ def files(cache: Path) -> list[str]:
                   if p.is_file() and not p.name.endswith(".lock"))
 
 
+def partial_files(cache: Path) -> list[Path]:
+    """The fetch's temporary file, with bytes in it."""
+    return [p for p in cache.rglob("*.part") if p.is_file() and p.stat().st_size > 0]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_during_download_leaves_nothing_and_the_next_run_succeeds(
         server: ScriptedServer, tmp_path: Path, signum: int) -> None:
-    server.route("/efa.tar.gz", BODY, drip=0.05)  # a slow body: about 3 s
+    # The server sends 160 KiB of the body and holds the rest: the signal lands mid-body,
+    # whatever the machine's speed. Then the rest trickles (about 20 s for all of it): the
+    # fetch notices the signal at its next 64 KiB read, 0.8 s in.
+    route = server.route("/efa.tar.gz", BODY, hold_at=160 * 1024, drip=0.1)
     path = manifest(tmp_path, server.url("/efa.tar.gz"))
     cache = tmp_path / "cache"
     proc = fetch(path, cache)
-    deadline = time.monotonic() + 30
-    while server.count("/efa.tar.gz") == 0:
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    time.sleep(0.5)
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=60)
+    try:
+        assert route.holding.wait(timeout=60), "the fetch never asked for the file"
+        # Safety net only: the client writes what it received (64 KiB reads) at once.
+        deadline = time.monotonic() + 60
+        while not partial_files(cache):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no partial download appeared in the cache"
+            time.sleep(0.01)
+        proc.send_signal(signum)
+        # A download blocked on a silent server sees the signal only when bytes arrive (or
+        # at its read timeout): the fetch's worker threads check for it between reads.
+        route.release.set()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
+    (seen,) = server.requests_for("/efa.tar.gz")
+    assert seen.hung_up.wait(timeout=30) and not seen.answered.is_set()
     assert files(cache) == [], "nothing half-written stays in the cache"
     server.route("/efa.tar.gz", BODY)
     again = fetch(path, cache)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REAL = "manifests/real-efa-nccl.toml"
 
 
-@pytest.fixture(autouse=True)
-def in_root() -> Iterator[None]:
-    cwd = Path.cwd()
-    os.chdir(ROOT)
-    try:
-        yield
-    finally:
-        os.chdir(cwd)
+pytestmark = pytest.mark.usefixtures("in_repo_root")
 
 
 def recipes(*sets: str, manifest: str = REAL, target: str = "efa-nccl") -> dict[str, str]:
