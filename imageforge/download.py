@@ -7,13 +7,16 @@ server supports byte ranges.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import hashlib
 import os
 import re
+import socket
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -37,6 +40,47 @@ from imageforge.errors import ChecksumError, Interrupted, SourceError
 Progress = Callable[[int, int | None], None]
 
 CHUNK_SIZE = 1 << 16
+
+# The socket each thread reads a body from, and the threads told to stop: a recv blocked on
+# a stalled server returns only when its socket is shut down, which another thread may do.
+_reading: dict[int, socket.socket] = {}
+_stopped: set[int] = set()
+_guard = threading.Lock()
+
+
+def interrupt(threads: Iterable[int]) -> None:
+    """Stop the downloads these threads run, at once: a stalled read returns now, not after
+    its read timeout, and the download ends with Interrupted, leaving nothing behind."""
+    with _guard:
+        _stopped.update(threads)
+        reading = [_reading[t] for t in _stopped if t in _reading]
+    for sock in reading:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _check_stopped() -> None:
+    with _guard:
+        stopped = threading.get_ident() in _stopped
+    if stopped:
+        raise Interrupted("the download was stopped; run the command again")
+
+
+@contextlib.contextmanager
+def _reading_from(response: requests.Response) -> Iterator[None]:
+    # urllib3 2's response keeps the connection it reads from; without one (another urllib3)
+    # a stop waits for the read timeout instead.
+    connection = getattr(response.raw, "_connection", None)
+    sock = getattr(connection, "sock", None)
+    me = threading.get_ident()
+    with _guard:
+        if isinstance(sock, socket.socket):
+            _reading[me] = sock
+    try:
+        yield
+    finally:
+        with _guard:
+            _reading.pop(me, None)
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 # Query parameters whose names contain one of these carry secrets (presigned URLs, tokens).
@@ -106,6 +150,8 @@ def download(
     with (bytes so far, total or None) as data arrives.
     """
     expected = _expected_digest(url, sha256)
+    with _guard:
+        _stopped.discard(threading.get_ident())
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     tmp = Path(tmp_name)
@@ -294,14 +340,22 @@ def _wait(policy: RetryPolicy) -> Callable[[RetryCallState], float]:
 
 
 def _attempt(http: requests.Session, transfer: _Transfer) -> None:
+    _check_stopped()
     transfer.attempts += 1
     url = transfer.url
     try:
-        with http.get(url, headers=_request_headers(transfer), stream=True,
-                      timeout=transfer.timeout) as response:
-            _check_status(response, transfer)
-            _start_body(response, transfer)
-            _stream_body(response, transfer)
+        try:
+            with http.get(url, headers=_request_headers(transfer), stream=True,
+                          timeout=transfer.timeout) as response, _reading_from(response):
+                _check_status(response, transfer)
+                _start_body(response, transfer)
+                _stream_body(response, transfer)
+                # A body cut short by interrupt() reads as a short one: it is a stop.
+                _check_stopped()
+        except (requests.RequestException, urllib3.exceptions.HTTPError, _Transient):
+            # ... or as a broken connection: a stop too, never a retry.
+            _check_stopped()
+            raise
     except requests.exceptions.SSLError:
         raise SourceError(
             f"TLS verification failed for {redact(url)}; check the host's certificate or use a "

@@ -38,7 +38,7 @@ from rich.progress import (
 
 from imageforge import diskfull, tarcheck
 from imageforge.download import Progress as ProgressCallback
-from imageforge.download import download, redact
+from imageforge.download import download, interrupt, redact
 from imageforge.errors import Interrupted, LockError, SourceError
 from imageforge.gitsource import checkout
 from imageforge.signature import Signature, verify
@@ -154,12 +154,17 @@ class SourceCache:
             self.path_for(source)  # refuse unlocked sources before any download starts
         bars = sys.stderr.isatty() if progress is None else progress
         cancel = threading.Event()
+        workers: set[int] = set()
         with _reporter(bars) as reporter, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(self._reported, source, reporter, cancel) for source in sources]
+            futures = [pool.submit(self._reported, source, reporter, cancel, workers)
+                       for source in sources]
             try:
                 wait(futures, return_when=FIRST_EXCEPTION)
             except KeyboardInterrupt:
                 _stop(futures, cancel)
+                # A download stalled in a read would hold the pool (and so Ctrl-C) until its
+                # read timeout: its socket is shut down now.
+                interrupt(workers)
                 raise Interrupted(
                     "fetching sources was interrupted; unfinished downloads were discarded, run "
                     "the command again"
@@ -168,11 +173,14 @@ class SourceCache:
                 error = future.exception() if future.done() else None
                 if error is not None:
                     _stop(futures, cancel)
+                    interrupt(workers)
                     raise error
             return {source.name: future.result() for source, future in zip(sources, futures,
                                                                              strict=True)}
 
-    def _reported(self, source: Source, reporter: _Reporter, cancel: threading.Event) -> Path:
+    def _reported(self, source: Source, reporter: _Reporter, cancel: threading.Event,
+                  workers: set[int]) -> Path:
+        workers.add(threading.get_ident())
         entry = self.path_for(source)
         if self._is_complete(source, entry):
             reporter.cached(source)
