@@ -630,7 +630,9 @@ def bench_engine(value: str) -> Literal["own", "host"]:
           "output": "new or empty directory for the job's files (default "
                     "cache/run-local/<job>); the model lands in <output>/algo-N/model",
           "timeout": "stop the job after this many seconds (default 3600)",
-          "json": "print a JSON report instead of the summary (logs go to stderr)"},
+          "json": "print a JSON report instead of the summary (logs go to stderr)",
+          "verbose": "show each host's output ([algo-N] lines) as it runs; it always goes to "
+                     "<output>/algo-N/log.txt"},
     iterable=["hp", "channel"],
     # Long flags only: an automatic -h for --hosts would read as --help.
     auto_shortflags=False,
@@ -639,7 +641,7 @@ def bench_engine(value: str) -> Literal["own", "host"]:
 def run_local(c: Context, image: str | None = None, program: str | None = None,
               code: str | None = None, hosts: str = "1", hp: list[str] | None = None,
               channel: list[str] | None = None, output: str | None = None,
-              timeout: str = "3600", json: bool = False) -> None:
+              timeout: str = "3600", json: bool = False, verbose: bool = False) -> None:
     """Run an image as a SageMaker training job on this machine, before paying for instances.
 
     One container per host, the /opt/ml files SageMaker writes, a private network; exit 11
@@ -650,7 +652,7 @@ def run_local(c: Context, image: str | None = None, program: str | None = None,
                               hosts=whole_number("hosts", hosts, minimum=1), program=program,
                               code=code, hp=hp or [], channel=channel or [],
                               timeout=whole_number("timeout", timeout, minimum=1),
-                              cache_dir=settings(c, None, None).cache_dir)
+                              cache_dir=settings(c, None, None).cache_dir, verbose=verbose)
     result = runlocal.run(spec, log=sys.stderr if json else sys.stdout)
     print(jsonlib.dumps(result.to_json(), indent=2) if json else runlocal.summary(result))
     runlocal.require_success(result)

@@ -56,6 +56,8 @@ class JobSpec:
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     channels: Mapping[str, Path] = field(default_factory=dict)
     timeout: float = DEFAULT_TIMEOUT
+    # Show every host's output as it runs ([algo-N] lines); it always goes to algo-N/log.txt.
+    verbose: bool = False
 
 
 @dataclass
@@ -146,7 +148,7 @@ def parse_channels(items: Sequence[str]) -> dict[str, Path]:
 def make_spec(*, image: str | None, output: str | None, cache_dir: Path, hosts: int = 1,
               program: str | None = None, code: str | None = None,
               hp: Sequence[str] = (), channel: Sequence[str] = (),
-              timeout: float = DEFAULT_TIMEOUT) -> JobSpec:
+              timeout: float = DEFAULT_TIMEOUT, verbose: bool = False) -> JobSpec:
     """Check every flag that needs no Docker; nothing is created here."""
     if not image:
         raise UsageError("run-local needs --image REF (an image in the local Docker store).")
@@ -175,7 +177,7 @@ def make_spec(*, image: str | None, output: str | None, cache_dir: Path, hosts: 
                          "into a new or empty one.")
     return JobSpec(image=image, output=out.resolve(), job_name=job_name, hosts=hosts,
                    program=program, code=code_dir, hyperparameters=hyperparameters,
-                   channels=parse_channels(channel), timeout=timeout)
+                   channels=parse_channels(channel), timeout=timeout, verbose=verbose)
 
 
 def check_program(program: str, code_dir: Path | None) -> None:
@@ -419,7 +421,8 @@ class _Job:
         with (host_dir(self.spec, host) / "log.txt").open("ab") as saved:
             for raw in stream:
                 saved.write(raw)
-                self.say(f"[{host}] {raw.decode(errors='replace').rstrip()}")
+                if self.spec.verbose:
+                    self.say(f"[{host}] {raw.decode(errors='replace').rstrip()}")
 
     def wait(self) -> bool:
         """Until every host ended, one failed, or the time limit; False on the time limit."""
@@ -497,6 +500,9 @@ def run(spec: JobSpec, log: TextIO) -> JobResult:
         ran = True
         job.say(f"run-local: job {spec.job_name}, {spec.hosts} host(s), image {spec.image}, "
                 f"output {spec.output}")
+        if not spec.verbose:
+            job.say("run-local: each host's output goes to <output>/algo-N/log.txt "
+                    "(--verbose shows it here as it runs)")
         started = time.monotonic()
         job.start()
         in_time = job.wait()

@@ -55,4 +55,12 @@ step "invoke run-local: a two-host SageMaker training job on this machine"
 job=cache/run-local/demo-$(date +%Y%m%d-%H%M%S)
 $INVOKE run-local --image "$image" --hosts 2 --hp epochs=5 --hp lr=0.1 --output "$job"
 echo "model written by algo-1 (it logged in to algo-2 over SSH with the job's key):"
-cat "$job/algo-1/model/model.json"
+# The gist of model.json (the whole file, and each host's full log, are under $job;
+# `invoke run-local --verbose` shows the hosts' output as they run).
+.venv/bin/python - "$job/algo-1/model/model.json" <<'PY'
+import json, sys
+model = json.load(open(sys.argv[1]))
+ssh = {host: r["exit"] for host, r in model.get("ssh", {}).items()}
+print(f"  argv {' '.join(model['argv'])}; weight {model['weight']}; ssh exit codes {ssh}")
+PY
+echo "  (full file: $job/algo-1/model/model.json)"
