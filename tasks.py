@@ -149,6 +149,18 @@ def check(c: Context, manifest: str | None = None, set: list[str] | None = None,
     print(f"{s.manifest}: valid")
 
 
+@task(help={"manifest": MANIFEST_HELP, "set": SET_HELP}, iterable=["set"])
+@boundary
+def show(c: Context, manifest: str | None = None, set: list[str] | None = None) -> None:
+    """Print the effective manifest, each value with the file and line it comes from.
+
+    Tables a manifest inherits (`inherit = "smddp.toml"`) are merged in, --set applied."""
+    from imageforge.manifest import show as show_manifest
+
+    s = settings(c, manifest, set)
+    print(show_manifest(s.manifest, s.overrides, registry=s.registry))
+
+
 @task(
     help={"target": f"stage to plan (any stage name; {TARGET_DEFAULT})", "manifest": MANIFEST_HELP,
           "set": SET_HELP,
@@ -543,7 +555,7 @@ def promote(c: Context, image: str | None = None, tag: str = "golden") -> None:
 
 cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
 mirror = Collection("mirror", mirror_sync)
-ns = Collection(check, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
+ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
                promote, cache, mirror)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
                              "remote": "", "rewrite": "", "repository": "", "webhook": "",

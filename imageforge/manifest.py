@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from imageforge import inherit
 from imageforge.errors import ManifestError
 from imageforge.stage import Field, Stage
 from imageforge.validate import ALLOWED, problem
@@ -45,7 +46,7 @@ IMAGE_FIELDS: dict[str, Field] = {
 # `[waive] <rule id> = "<reason>"`: the one way a manifest accepts a known incompatibility.
 WAIVER_FIELD = Field(kind="text", help="why the manifest accepts a violation of this rule")
 _RULE_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
-TOP_LEVEL = ("image", "stages", "waive")
+TOP_LEVEL = ("image", "stages", "waive")  # and `inherit`, read before validation
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _TEMPLATED = ("url", "repo", "ref", "build_version")
@@ -89,10 +90,45 @@ def load(path: Path, overrides: Sequence[str] = (), *, registry: Mapping[str, St
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: invalid TOML: {exc}; fix the syntax there.") from None
-    where = _Locator(path, text, {})
+    effective = inherit.read(path, text, document)
+    document = effective.document
+    where = _Locator(path, text, {}, effective.origins)
     for override in overrides:
         where.overrides[_apply_override(document, override, registry)] = override
     return _validate(document, where, registry)
+
+
+def show(path: Path, overrides: Sequence[str] = (), *,
+         registry: Mapping[str, Stage]) -> str:
+    """The effective manifest (inherited tables merged, --set applied) as TOML, each value
+    with the file and line (or the --set) it comes from. Validated first."""
+    load(path, overrides, registry=registry)
+    text = _read(path)
+    effective = inherit.read(path, text, tomllib.loads(text))
+    document = effective.document
+    where = _Locator(path, text, {}, effective.origins)
+    for override in overrides:
+        where.overrides[_apply_override(document, override, registry)] = override
+    def origin_of(dotted: str) -> str:
+        if dotted in where.overrides:
+            return f"--set {where.overrides[dotted]}"
+        origin = effective.origins.get(dotted)
+        file = _Locator(origin.path, origin.text, {}) if origin else _Locator(path, text, {})
+        line = file._line(dotted)
+        return f"{file.path}:{line}" if line else str(file.path)
+
+    chain = " -> ".join(str(p) for p in effective.chain)
+    lines = [f"# effective manifest: {chain}"]
+    waive = document.get("waive", {})
+    tables = [("image", document.get("image", {}))]
+    tables += [(f"stages.{name}", table) for name, table in document.get("stages", {}).items()]
+    tables += [("waive", waive)] if waive else []
+    for name, table in tables:
+        lines += ["", f"[{name}]"]
+        for key, value in table.items():
+            assignment = f"{key} = {json.dumps(value)}"
+            lines.append(f"{assignment:<48} # {origin_of(f'{name}.{key}')}")
+    return "\n".join(lines)
 
 
 def template(manifest: Manifest, stage: Stage, key: str) -> Any:
@@ -139,10 +175,16 @@ class _Locator:
     text: str
     # dotted key -> the --set that gave it its value; errors about it name the --set.
     overrides: dict[str, str]
+    # dotted key -> the inherited manifest that set it (inherit = "..."); errors name that file.
+    origins: dict[str, inherit.Origin] = dataclasses.field(default_factory=dict)
 
     def __call__(self, dotted: str) -> str:
         if dotted in self.overrides:
             return f"--set {self.overrides[dotted]} (over {self.path})"
+        origin = self.origins.get(dotted)
+        if origin is not None and origin.path.resolve() != self.path.resolve():
+            other = _Locator(origin.path, origin.text, {})
+            return other(dotted) + f" (inherited by {self.path})"
         line = self._line(dotted)
         made_by = [o for k, o in self.overrides.items() if k.startswith(dotted + ".")]
         if line is None and made_by:
@@ -244,7 +286,8 @@ def _validate(document: dict[str, Any], where: _Locator, registry: Mapping[str, 
     if unknown:
         raise ManifestError(f"{where(unknown[0])}: unknown top-level key; "
                             f"{_suggest(unknown[0], TOP_LEVEL)}"
-                            "a manifest has only [image], [stages.<name>] and [waive] tables.")
+                            "a manifest has only `inherit`, [image], [stages.<name>] and [waive] "
+                            "tables.")
     image = _validate_table(document.get("image"), "image", IMAGE_FIELDS, where)
     raw_stages = document.get("stages", {})
     if not isinstance(raw_stages, dict):
