@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -553,10 +554,94 @@ def promote(c: Context, image: str | None = None, tag: str = "golden") -> None:
         print(golden.promote(image, tag, cache_dir=s.cache_dir, env=env))
 
 
+def matrix_settings(c: Context, entry: Any) -> project.Settings:
+    return settings(c, str(entry.manifest), list(entry.overrides))
+
+
+def matrix_plans(c: Context, entries: list[Any]) -> list[Any]:
+    from imageforge.matrix import Planned
+
+    plans = []
+    for entry in entries:
+        s = matrix_settings(c, entry)
+        target = entry.target or project.default_target(s)
+        planned = project.plan(s, target)
+        plans.append(Planned(entry=entry, target=target,
+                             keys={st.name: st.key for st in planned.stages},
+                             statuses={st.name: st.status for st in planned.stages}))
+    return plans
+
+
+@task(name="plan", help={"file": "the matrix file ([[image]] tables)",
+                         "json": "print the summary as one JSON object"})
+@boundary
+def matrix_plan(c: Context, file: str | None = None, json: bool = False) -> None:
+    """Plan every image of a matrix: what each builds, and what the images share."""
+    from imageforge import matrix as matrix_mod
+
+    if not file:
+        raise UsageError("matrix.plan needs --file: the matrix file ([[image]] tables).")
+    found = matrix_mod.summary(matrix_plans(c, matrix_mod.load(Path(file))))
+    if json:
+        print(jsonlib.dumps(found, indent=2))
+        return
+    for image in found["images"]:
+        print(f"{image['image']}: {image['stages']} stages, builds "
+              f"{', '.join(image['builds']) or 'nothing'}"
+              + (f"; shares {', '.join(image['shared'])}" if image["shared"] else ""))
+    print(f"{len(found['images'])} images, {found['stage_slots']} stage slots, "
+          f"{found['distinct_keys']} distinct keys, {found['keys_to_build']} to build")
+
+
+@task(name="build", help={"file": "the matrix file ([[image]] tables)",
+                          "test": "run test-image on each image target (--no-test skips it)",
+                          "progress": "auto, plain or json (as build)",
+                          "report": "also write the matrix report (JSON) to this file"})
+@boundary
+def matrix_build(c: Context, file: str | None = None, test: bool = True,
+                 progress: str = "auto", report: str | None = None) -> None:
+    """Build every image of a matrix; a stage several images share is built once."""
+    from imageforge import matrix as matrix_mod
+    from imageforge.build import BuildOptions
+    from imageforge.build import build as run_build
+    from imageforge.build import summary as summary_table
+
+    if not file:
+        raise UsageError("matrix.build needs --file: the matrix file ([[image]] tables).")
+    if progress not in ("auto", "plain", "json", "tty"):
+        raise UsageError(f"--progress {progress}: use auto, plain or json.")
+    entries = matrix_mod.load(Path(file))
+    results: list[dict[str, Any]] = []
+    for entry in entries:
+        s = matrix_settings(c, entry)
+        target = entry.target or project.default_target(s)
+        print(f"== {entry.label}: {target}")
+        result = run_build(s, BuildOptions(target=target, tag=entry.tag,
+                                           progress=progress))  # type: ignore[arg-type]
+        assert result is not None
+        print(summary_table(result))
+        if test and project.is_image(s, target):
+            check_image(s, project.plan(s, target), result.tag)
+        results.append({"image": entry.label, "target": target, "tag": result.tag,
+                        "stages": {st.name: {"key": st.key, "state": st.state}
+                                   for st in result.stages}})
+    built = [st["key"] for r in results for st in r["stages"].values() if st["state"] == "built"]
+    document = {"file": file, "images": results, "built": len(built),
+                "distinct_built": len(set(built))}
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    path = settings(c, None, None).cache_dir / "reports" / f"{stamp}-matrix.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(jsonlib.dumps(document, indent=2) + "\n")
+    if report:
+        write_output("--report", report, jsonlib.dumps(document, indent=2) + "\n")
+    print(f"{len(results)} images; {len(built)} stage builds, each key once; report {path}")
+
+
 cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
+matrix = Collection("matrix", matrix_plan, matrix_build)
 mirror = Collection("mirror", mirror_sync)
 ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
-               promote, cache, mirror)
+               promote, cache, mirror, matrix)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
                              "remote": "", "rewrite": "", "repository": "", "webhook": "",
                              "layer_cache": "", "ca_bundle": "", "stage_dirs": ""}})

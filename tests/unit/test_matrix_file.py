@@ -1,0 +1,77 @@
+"""The matrix file: [[image]] tables, axes expanded to one image per combination, tags filled
+from them, and every mistake one sentence naming the file and the image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imageforge.errors import ManifestError
+from imageforge.matrix import Entry, Planned, load, summary
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "images.toml"
+    path.write_text(text)
+    return path
+
+
+def test_axes_expand_to_every_combination_with_their_tags(tmp_path: Path) -> None:
+    path = write(tmp_path, '''
+[[image]]
+manifest = "manifests/efa-nccl.toml"
+
+[[image]]
+manifest = "manifests/smddp.toml"
+target = "smddp"
+tag = "registry.example.com/smddp:efa{stages.efa.version}-py{image.python}"
+set = ["stages.pytorch.max_jobs=8"]
+[image.matrix]
+"stages.efa.version" = ["1.14.1", "1.15.1"]
+"image.python" = ["3.8", "3.9"]
+''')
+    entries = load(path)
+    assert entries[0] == Entry(manifest=tmp_path / "manifests/efa-nccl.toml", target=None,
+                               tag=None, overrides=())
+    assert [e.tag for e in entries[1:]] == [
+        "registry.example.com/smddp:efa1.14.1-py3.8", "registry.example.com/smddp:efa1.14.1-py3.9",
+        "registry.example.com/smddp:efa1.15.1-py3.8", "registry.example.com/smddp:efa1.15.1-py3.9"]
+    assert entries[4].overrides == ("stages.pytorch.max_jobs=8", "stages.efa.version=1.15.1",
+                                    "image.python=3.9")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "a matrix is a list of [[image]] tables"),
+    ('[[image]]\ntarget = "smddp"\n', "image 1: manifest = \"<path>\" is required"),
+    ('[[image]]\nmanifest = "m.toml"\nflavour = 1\n', "image 1: unknown key 'flavour'"),
+    ('[[image]]\nmanifest = "m.toml"\nset = ["nokey"]\n', 'list of "KEY=VALUE" strings'),
+    ('[[image]]\nmanifest = "m.toml"\n[image.matrix]\n"stages.efa.version" = []\n',
+     "non-empty lists of strings"),
+    ('[[image]]\nmanifest = "m.toml"\ntag = "x:{stages.nccl.version}"\n',
+     "names {stages.nccl.version}, which is not one of its matrix axes"),
+    ('[[image]\n', "invalid TOML"),
+])
+def test_a_bad_matrix_is_one_sentence_naming_file_and_image(tmp_path: Path, text: str,
+                                                            says: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ManifestError) as caught:
+        load(path)
+    assert says in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_the_summary_counts_each_shared_key_once() -> None:
+    def planned(target: str, keys: dict[str, str], statuses: dict[str, str]) -> Planned:
+        return Planned(entry=Entry(manifest=Path("m.toml"), target=target, tag=None,
+                                   overrides=()),
+                       target=target, keys=keys, statuses=statuses)
+
+    plans = [planned("efa-nccl", {"base": "k0", "efa": "k1", "nccl": "k2", "efa-nccl": "k3"},
+                     {"base": "cached", "efa": "build", "nccl": "build", "efa-nccl": "build"}),
+             planned("smddp", {"base": "k0", "efa": "k1", "nccl": "k2", "smddp": "k4"},
+                     {"base": "cached", "efa": "build", "nccl": "build", "smddp": "build"})]
+    found = summary(plans)
+    assert found["stage_slots"] == 8 and found["distinct_keys"] == 5
+    assert found["keys_to_build"] == 4
+    assert found["images"][1]["builds"] == ["smddp"]
+    assert found["images"][1]["shared"] == ["base", "efa", "nccl"]
