@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= imageforge/base:bookworm
 
-.PHONY: setup docker host-tools test unit integration demo demo-real bench bench-real lint clean
+.PHONY: setup docker host-tools test unit integration mutation demo demo-real bench bench-real lint clean
 
 setup: $(VENV)/.installed
 
@@ -35,10 +35,13 @@ unit: setup host-tools
 integration: setup docker
 	$(BIN)/pytest -q tests/integration
 
-# Known mutants of the engine (scripts/mutants.py), each applied alone to a scratch copy of
-# the tree: the unit tests meant to catch it must fail.
+# Mutation testing (scripts/mutation.py): mutmut mutates every function of the modules that
+# carry the promises ([tool.mutmut] in pyproject.toml) and runs the unit tests covering each;
+# then the known mutants of scripts/mutants.py. Prints the score and the survivors; fails on a
+# survivor that tests/mutation-equivalent.toml does not accept. Verdicts are cached in mutants/
+# per function: FRESH=1 forgets them (after weakening a test), REPORT=1 only prints them.
 mutation: setup
-	$(BIN)/python scripts/mutants.py
+	$(BIN)/python scripts/mutation.py $(if $(FRESH),--fresh) $(if $(REPORT),--report)
 
 demo: setup docker
 	scripts/demo.sh

@@ -135,22 +135,21 @@ class ArtifactStore:
         """Adopt the OCI layout BuildKit exported to `layout` as the artifact of `key`.
         Atomic: the entry appears whole (a rename) or not at all."""
         digest = _top_digest(layout)
-        finished = False
         with diskfull.guard(self.root):
             self.blobs.mkdir(parents=True, exist_ok=True)
             staged = self.scratch()
             try:
-                entry = self._assemble(staged, key=key, stage=stage, inputs=inputs,
-                                       layout=layout, digest=digest,
-                                       build_seconds=build_seconds)
-                finished = True
-                return entry
+                return self._assemble(staged, key=key, stage=stage, inputs=inputs,
+                                      layout=layout, digest=digest,
+                                      build_seconds=build_seconds)
             finally:
+                # Renamed into place, the staged entry is the store's; otherwise the blobs
+                # this add shared belong to no entry: it was stopped (an error, Ctrl-C), or
+                # another process stored the same key first.
+                kept = not staged.exists()
                 shutil.rmtree(staged, ignore_errors=True)
                 shutil.rmtree(layout, ignore_errors=True)
-                if not finished:
-                    # Blobs this add shared before it was stopped (an error, Ctrl-C) belong
-                    # to no entry.
+                if not kept:
                     self.collect_garbage()
 
     def _assemble(self, staged: Path, *, key: str, stage: str, inputs: Mapping[str, Any],

@@ -1,0 +1,328 @@
+"""The artifact store's smaller promises (imageforge/artifacts.py), on real OCI layouts with
+made-up bytes: what a stage key is, that verification trusts only untouched blobs, that a
+corrupt or incomplete entry is discarded with its bad blobs, that sizes count shared blobs
+once, that uses are counted, and that only dead processes' work directories are cleaned."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from imageforge import artifacts
+from imageforge.artifacts import ArtifactStore, Entry
+from imageforge.errors import CacheError
+
+SHARED = b"shared base layer " * 100
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _descriptor(media_type: str, body: bytes) -> dict[str, object]:
+    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+            "size": len(body)}
+
+
+def _layout(where: Path, layers: list[bytes]) -> Path:
+    config = json.dumps({"os": "linux", "n": where.name}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "config": _descriptor("application/vnd.oci.image.config.v1+json",
+                                                  config),
+        "layers": [_descriptor("application/vnd.oci.image.layer.v1.tar", b) for b in layers],
+    }).encode()
+    blobs = where / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    for body in (config, manifest, *layers):
+        (blobs / hashlib.sha256(body).hexdigest()).write_bytes(body)
+    (where / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (where / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        _descriptor("application/vnd.oci.image.manifest.v1+json", manifest)]}))
+    return where
+
+
+def _key(name: str) -> str:
+    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+def _add(store: ArtifactStore, tmp_path: Path, name: str, layer: bytes) -> Entry:
+    return store.add(key=_key(name), stage="efa", inputs={"name": name}, build_seconds=1.234,
+                     layout=_layout(tmp_path / "layouts" / name, [layer, SHARED]))
+
+
+def test_key_hex_takes_exactly_sha256_and_64_lowercase_hex() -> None:
+    hexpart = "0123456789abcdef" * 4
+    assert artifacts.key_hex("sha256:" + hexpart) == hexpart
+    assert artifacts.key_hex(hexpart) == hexpart
+    for bad in ("sha256:" + hexpart.upper(), "sha256:" + hexpart[:-1], hexpart + "0",
+                "sha256:" + hexpart[:-1] + "g", "md5:" + hexpart):
+        with pytest.raises(CacheError) as info:
+            artifacts.key_hex(bad)
+        assert str(info.value) == f"{bad!r} is not a stage key (sha256:<64 hex>)."
+
+
+def test_add_records_the_entry_and_consumes_the_layout(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    layer = os.urandom(1000)
+    entry = _add(store, tmp_path, "a", layer)
+    assert entry.key == _key("a") and entry.stage == "efa" and entry.inputs == {"name": "a"}
+    assert entry.build_seconds == 1.23 and entry.hits == 0
+    assert entry.created == entry.last_used
+    assert entry.path == store.root / "entries" / artifacts.key_hex(_key("a"))
+    assert entry.size == sum(p.stat().st_size for p in (entry.path / "blobs/sha256").iterdir())
+    assert store.get(entry.key) == entry
+    index = json.loads((entry.path / "index.json").read_text())
+    assert entry.digest == index["manifests"][0]["digest"]
+    assert entry.context == f"oci-layout://{entry.path}@{entry.digest}"
+    assert not (tmp_path / "layouts" / "a").exists()
+    assert list((store.root / "tmp").iterdir()) == []
+    meta = json.loads((entry.path / "meta.json").read_text())
+    assert meta == entry.meta() and "path" not in meta
+
+
+def test_a_layout_that_is_not_one_is_refused(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(CacheError) as info:
+        store.add(key=_key("x"), stage="efa", inputs={}, layout=bad, build_seconds=0)
+    assert str(info.value).startswith(f"{bad}: not an OCI layout BuildKit wrote (")
+    (bad / "index.json").write_text('{"manifests": []}')
+    with pytest.raises(CacheError, match="not an OCI layout"):
+        store.add(key=_key("x"), stage="efa", inputs={}, layout=bad, build_seconds=0)
+
+
+def test_a_blob_not_matching_its_name_is_refused_and_nothing_is_kept(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    layout = _layout(tmp_path / "l", [b"layer", SHARED])
+    # The bad blob is the last one adopted: the ones before it were already shared.
+    blob = max((layout / "blobs/sha256").iterdir(), key=lambda p: p.name)
+    blob.write_bytes(b"tampered")
+    with pytest.raises(CacheError) as info:
+        store.add(key=_key("x"), stage="nccl", inputs={}, layout=layout, build_seconds=0)
+    assert str(info.value) == ("BuildKit exported a blob of nccl whose content does not match "
+                               f"its name ({blob.name}); rebuild it.")
+    assert store.all_entries() == [] and list(store.blobs.iterdir()) == []
+    assert list(store.tmp.iterdir()) == [] and not layout.exists()
+
+
+def test_the_same_key_added_twice_keeps_the_first(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    first = _add(store, tmp_path, "a", b"first")
+    again = store.add(key=first.key, stage="efa", inputs={"name": "again"}, build_seconds=9,
+                      layout=_layout(tmp_path / "layouts" / "again", [b"second", SHARED]))
+    assert again == first and store.get(first.key) == first
+    assert list(store.tmp.iterdir()) == []
+    assert hashlib.sha256(b"second").hexdigest() not in {p.name for p in store.blobs.iterdir()}
+
+
+def test_get_is_none_for_a_missing_or_unreadable_entry(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    assert store.get(_key("none")) is None
+    entry = _add(store, tmp_path, "a", b"a")
+    (entry.path / "meta.json").write_text("{broken")
+    assert store.get(entry.key) is None
+    assert store.verify(entry.key) is None
+
+
+def test_verify_rehashes_a_touched_blob_and_discards_the_entry(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "a", b"layer-a" * 100)
+    other = _add(store, tmp_path, "b", b"layer-b" * 100)
+    assert store.verify(entry.key) == entry
+    stamps = json.loads((entry.path / "verified.json").read_text())
+    blobs = sorted((entry.path / "blobs/sha256").iterdir())
+    assert set(stamps) == {b.name for b in blobs}
+    bad = entry.path / "blobs/sha256" / hashlib.sha256(b"layer-a" * 100).hexdigest()
+    with bad.open("r+b") as handle:  # same inode and size, new bytes and mtime
+        handle.write(b"X")
+    assert store.verify(entry.key) is None
+    err = capsys.readouterr().err
+    assert err == (f"imageforge: warning: cached artifact of efa ({entry.key[:19]}) is corrupt "
+                   "(1 bad blob(s)); discarding it, the stage will be rebuilt.\n")
+    assert store.get(entry.key) is None
+    assert not (store.blobs / bad.name).exists()
+    # the blob both entries share stays for the other
+    assert (store.blobs / hashlib.sha256(SHARED).hexdigest()).exists()
+    assert store.verify(other.key) == other
+
+
+def test_verify_trusts_a_blob_whose_stamp_is_unchanged(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "a", b"layer-a" * 100)
+    assert store.verify(entry.key) == entry
+    blob = entry.path / "blobs/sha256" / hashlib.sha256(b"layer-a" * 100).hexdigest()
+    before = blob.stat()
+    with blob.open("r+b") as handle:
+        handle.write(b"X")
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    # Not hashed again: the stamp (size, mtime, inode) says it is the verified file.
+    assert store.verify(entry.key) == entry
+
+
+def test_verify_discards_an_entry_without_its_index(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "a", b"a")
+    (entry.path / "index.json").unlink()
+    assert store.verify(entry.key) is None
+    assert "(0 bad blob(s))" in capsys.readouterr().err
+    assert store.get(entry.key) is None
+
+
+def test_a_stale_stamp_file_is_rewritten(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "a", b"a")
+    (entry.path / "verified.json").write_text("not json")
+    assert store.verify(entry.key) == entry
+    stamps = json.loads((entry.path / "verified.json").read_text())
+    blobs = sorted((entry.path / "blobs/sha256").iterdir())
+    assert stamps == {b.name: [b.stat().st_size, b.stat().st_mtime_ns, b.stat().st_ino]
+                      for b in blobs}
+
+
+def test_all_entries_skips_what_is_not_an_entry(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    assert store.all_entries() == []
+    a = _add(store, tmp_path, "a", b"a")
+    (store.entry_root / "short").mkdir()
+    (store.entry_root / ("f" * 64)).mkdir()  # no meta: not readable, skipped
+    assert store.all_entries() == [a]
+
+
+def test_touch_counts_a_use(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "a", b"a")
+    store.touch(entry.key)
+    store.touch(entry.key)
+    used = store.get(entry.key)
+    assert used is not None and used.hits == 2 and used.last_used >= entry.last_used
+    assert used.created == entry.created
+    store.touch(_key("missing"))  # nothing to count
+    assert store.get(_key("missing")) is None
+
+
+def test_size_counts_a_shared_blob_once(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    a = _add(store, tmp_path, "a", b"A" * 5000)
+    b = _add(store, tmp_path, "b", b"B" * 7000)
+    own_a, own_b = a.size - len(SHARED), b.size - len(SHARED)
+    assert store.size() == own_a + own_b + len(SHARED)
+    assert store.size([a]) == a.size
+    assert store.size([]) == 0
+
+
+def test_remove_takes_the_entry_and_blobs_only_it_used(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    a = _add(store, tmp_path, "a", b"A" * 10)
+    b = _add(store, tmp_path, "b", b"B" * 10)
+    store.remove(a.key)
+    assert store.get(a.key) is None and store.get(b.key) == b
+    names = {p.name for p in store.blobs.iterdir()}
+    assert hashlib.sha256(b"A" * 10).hexdigest() not in names
+    assert {hashlib.sha256(SHARED).hexdigest(), hashlib.sha256(b"B" * 10).hexdigest()} <= names
+    store.remove(a.key)  # gone already: nothing to do
+    store.remove(b.key)
+    assert list(store.blobs.iterdir()) == [] and list(store.tmp.iterdir()) == []
+
+
+def test_cleanup_removes_only_dead_processes_work(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    store.cleanup()  # no tmp yet
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    mine = store.scratch()
+    assert mine.parent == store.tmp and mine.name.startswith(f"{os.getpid()}-")
+    (store.tmp / f"{dead}-abc").mkdir()
+    (store.tmp / "junk").mkdir()
+    (store.tmp / "1-init").mkdir()  # pid 1 is alive
+    store.cleanup()
+    assert sorted(p.name for p in store.tmp.iterdir()) == sorted([mine.name, "1-init"])
+    assert artifacts._alive(os.getpid()) and not artifacts._alive(int(dead))
+
+
+def test_verify_discards_a_corrupt_entry_whose_shared_copy_is_already_gone(
+        tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "a", b"layer-a" * 100)
+    name = hashlib.sha256(b"layer-a" * 100).hexdigest()
+    (store.blobs / name).unlink()  # e.g. another process's verify took it first
+    (entry.path / "blobs/sha256" / name).write_bytes(b"corrupt")
+    assert store.verify(entry.key) is None
+    assert store.get(entry.key) is None
+
+
+def _use(entry: Entry, when: float) -> None:
+    meta_path = entry.path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["last_used"] = when
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_prune_by_size_counts_only_what_age_left(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    old, mid, new = (_add(store, tmp_path, n, n.encode() * 5000) for n in ("old", "mid", "new"))
+    now = time.time()
+    _use(old, now - 10_000)
+    _use(mid, now - 200)
+    _use(new, now - 100)
+    fits = store.size([store.get(mid.key), store.get(new.key)])  # type: ignore[list-item]
+    removed = store.prune(max_size=fits, older_than=5_000)
+    assert [e.key for e in removed] == [old.key]
+    assert {e.key for e in store.all_entries()} == {mid.key, new.key}
+
+
+def test_prune_by_size_passes_over_protected_entries(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    only = store.add(key=_key("only"), stage="boost", inputs={}, build_seconds=1,
+                     layout=_layout(tmp_path / "layouts" / "only", [b"o" * 5000, SHARED]))
+    older = _add(store, tmp_path, "older", b"a" * 5000)
+    newer = _add(store, tmp_path, "newer", b"b" * 5000)
+    now = time.time()
+    _use(only, now - 300)  # the least recently used, but the only boost entry
+    _use(older, now - 200)
+    _use(newer, now - 100)
+    removed = store.prune(max_size=0, keep_last=1)
+    assert [e.key for e in removed] == [older.key]
+    assert {e.key for e in store.all_entries()} == {only.key, newer.key}
+
+
+def test_prune_waits_while_a_build_reads_the_entry(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "busy", b"busy")
+    path = store.lock_path(entry.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hold = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_SH)\nprint('held', flush=True)\nsys.stdin.read()\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    result: list[list[Entry]] = []
+    pruning = threading.Thread(target=lambda: result.append(store.prune(older_than=-1)))
+    pruning.start()
+    try:
+        deadline = time.monotonic() + 30
+        err = ""
+        while "waiting" not in err:
+            assert time.monotonic() < deadline and pruning.is_alive()
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        assert err == ("imageforge: waiting for another imageforge process using efa "
+                       f"{entry.key[:19]}\n")
+        time.sleep(0.5)
+        assert store.get(entry.key) is not None and pruning.is_alive()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    pruning.join(timeout=60)
+    assert [e.key for e in result[0]] == [entry.key]
+    assert store.get(entry.key) is None
+

@@ -1,0 +1,174 @@
+"""How compatibility findings name where PyTorch's NCCL pin was read (imageforge/compat.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from imageforge import compat
+from imageforge.compat import RULES_PATH, nccl_pin_rule, pin_origin
+from imageforge.manifest import load
+from imageforge.ncclpin import NcclPin
+from stages import STAGES
+from tests.unit.conftest import ROOT
+
+COMMIT = "1a2b3c4d5e6f7a8b9c0d1a2b3c4d5e6f7a8b9c0d"
+
+
+def test_pin_origin_names_the_submodule_or_the_pin_file() -> None:
+    submodule = NcclPin(version="2.10.3", commit=COMMIT,
+                        evidence={"method": "submodule", "path": "third_party/nccl/nccl"})
+    assert pin_origin(submodule) == "submodule third_party/nccl/nccl at 1a2b3c4d5e6f"
+    pin_file = NcclPin(version="2.21.5", commit=COMMIT,
+                       evidence={"method": "pin-file", "path": ".ci/docker/ci_commit_pins/nccl",
+                                 "pin": "v2.21.5-1"})
+    assert pin_origin(pin_file) == ".ci/docker/ci_commit_pins/nccl: v2.21.5-1"
+
+
+def test_the_nccl_pin_violation_names_pytorch_with_or_without_its_version() -> None:
+    manifest = load(ROOT / "manifests/smddp.toml", ["stages.nccl.version=2.18.6"],
+                    registry=STAGES)
+    pin = NcclPin(version="2.10.3", commit=COMMIT,
+                  evidence={"method": "submodule", "path": "third_party/nccl/nccl"})
+    (found,) = nccl_pin_rule(manifest, pin)
+    torch = manifest.stages["pytorch"]["version"]
+    assert found.message.endswith(
+        f"stages.nccl.version 2.18.6 differs from NCCL 2.10.3, which PyTorch {torch} pins "
+        "(submodule third_party/nccl/nccl at 1a2b3c4d5e6f).")
+    without = dataclasses.replace(manifest, stages={k: v for k, v in manifest.stages.items()
+                                                    if k != "pytorch"})
+    (found,) = nccl_pin_rule(without, pin)
+    assert "which PyTorch pins (submodule" in found.message
+    assert nccl_pin_rule(manifest, None) == []
+    same = load(ROOT / "manifests/smddp.toml", ["stages.nccl.version=2.10.3"], registry=STAGES)
+    assert nccl_pin_rule(same, pin) == []
+
+
+def test_the_compatibility_data_keeps_every_value_of_compat_toml() -> None:
+    raw = tomllib.loads(RULES_PATH.read_text())
+    data = compat._parse(raw)
+    assert {rid: (r.id, r.source, r.fix) for rid, r in data.rules.items()} == {
+        rid: (rid, r["source"], r["fix"]) for rid, r in raw["rules"].items()}
+    plugin = raw["aws-ofi-nccl"]
+    assert data.with_nccl_unneeded_from == Version(plugin["with_nccl_unneeded_from"])
+    assert data.efa_bundles_plugin_from == Version(raw["efa"]["bundles_plugin_from"])
+    assert data.flag_since == {k: Version(v) for k, v in plugin["flag_since"].items()}
+    assert data.efa_libfabric == {k: Version(v) for k, v in raw["efa"]["libfabric"].items()}
+    assert data.torchvision == {str(k): str(v) for k, v in raw["torchvision"].items()}
+    assert data.cuda_arch == {
+        arch: compat.ArchSupport(since=Version(s["since"]),
+                                 until=Version(s["until"]) if "until" in s else None)
+        for arch, s in raw["cuda_arch"].items()}
+    assert any(s.until is not None for s in data.cuda_arch.values())
+    assert data.smddp == {row["smddp"]: compat.Shipped(pytorch=row["pytorch"], cuda=row["cuda"])
+                          for row in raw["known_good"]}
+    for name in ("libfabric_min", "platform_aws_libfabric_min", "nccl_min"):
+        assert [(str(f.plugin), f.minimum) for f in getattr(data, name)] == [
+            (str(SpecifierSet(row["plugin"])), Version(row["minimum"]))
+            for row in plugin[name]]
+
+
+def test_the_installer_suggested_is_the_oldest_that_bundles_enough_libfabric() -> None:
+    data = compat._parse(tomllib.loads(RULES_PATH.read_text()))
+    assert compat._installer_with(data, Version("1.11")) == "EFA 1.11.2"
+    assert compat._installer_with(data, Version("1.16")) == "EFA 1.20.x"
+    assert compat._installer_with(data, Version("99")) == "a newer installer"
+    by_version = dataclasses.replace(data, efa_libfabric={"1.10": Version("1.6"),
+                                                          "1.9": Version("1.5")})
+    assert compat._installer_with(by_version, Version("1.5")) == "EFA 1.9.x"
+
+
+def _only(found: list[compat.Violation], rule: str) -> compat.Violation:
+    (violation,) = [v for v in found if v.rule == rule]
+    return violation
+
+
+def _fix(rule: str, **values: str) -> str:
+    return str(tomllib.loads(RULES_PATH.read_text())["rules"][rule]["fix"]).format(**values)
+
+
+def test_a_cuda_arch_violation_names_the_key_and_the_action() -> None:
+    data = compat._parse(tomllib.loads(RULES_PATH.read_text()))
+    unknown = compat._arch_problem(data, Version("12.4"), "image.cuda_arch", "9.9")
+    assert unknown == [compat.Violation(
+        "cuda-arch", "image.cuda_arch", "9.9 in image.cuda_arch is not a CUDA compute capability.",
+        data.rules["cuda-arch"].source, _fix("cuda-arch",
+                                             action=f"use one of {', '.join(data.cuda_arch)}"))]
+    newer = compat._arch_problem(data, Version("11.0"), "stages.pytorch.extra_cuda_arch", "8.6")
+    assert [(v.key, v.fix) for v in newer] == [(
+        "stages.pytorch.extra_cuda_arch",
+        "remove 8.6 from stages.pytorch.extra_cuda_arch, or use CUDA 11.1 or newer")]
+    dropped = compat._arch_problem(data, Version("12.0"), "image.cuda_arch", "3.7")
+    assert [(v.key, v.fix) for v in dropped] == [(
+        "image.cuda_arch", "remove 3.7 from image.cuda_arch, or use a CUDA older than 12.0")]
+
+
+def test_the_plugin_libfabric_violation_names_the_efa_version_and_the_fix(
+        tmp_path: Path) -> None:
+    rules = tmp_path / "compat.toml"
+    rules.write_text(RULES_PATH.read_text().replace(
+        "[efa.libfabric]\n", '[efa.libfabric]\n"0.97" = "1.10.9"\n', 1))
+    loaded = load(ROOT / "manifests/efa-nccl.toml",
+                  ["stages.nccl.version=2.17.1", "stages.aws-ofi-nccl.configure_flags=[]",
+                   "stages.aws-ofi-nccl.version=1.1.0", "stages.efa.version=0.97.0"],
+                  registry=STAGES)
+    found = _only(compat.check(loaded, rules_path=rules), "plugin-libfabric")
+    assert found.key == "stages.efa.version"
+    assert found.message.startswith("EFA installer 0.97.0 bundles libfabric 1.10.9, but ")
+    assert found.fix == _fix("plugin-libfabric", minimum="1.11.0", installer="EFA 1.11.2",
+                             libfabric="1.10.9")
+
+
+def test_the_nccl_pin_violation_names_the_key_and_both_versions() -> None:
+    manifest = load(ROOT / "manifests/smddp.toml", ["stages.nccl.version=2.18.6"],
+                    registry=STAGES)
+    pin = NcclPin(version="2.10.3", commit=COMMIT, evidence={"method": "submodule", "path": "p"})
+    (found,) = nccl_pin_rule(manifest, pin)
+    assert (found.rule, found.key) == ("nccl-pytorch-pin", "stages.nccl.version")
+    assert found.fix == _fix("nccl-pytorch-pin", pinned="2.10.3", version="2.18.6")
+
+
+def test_plugin_flags_are_named_without_their_values() -> None:
+    loaded = load(ROOT / "manifests/efa-nccl.toml",
+                  ["stages.aws-ofi-nccl.configure_flags=--with-cuda=/usr/local/cuda=x,-g"],
+                  registry=STAGES)
+    assert compat._plugin_flags(loaded) == {"--with-cuda", "-g"}
+    without = dataclasses.replace(loaded, stages={k: v for k, v in loaded.stages.items()
+                                                  if k != "aws-ofi-nccl"})
+    assert compat._plugin_flags(without) == set()
+
+
+@pytest.mark.parametrize(("name", "overrides", "rule", "key", "fix"), [
+    ("pt25-cu124", ("stages.nccl.version=2.17.0",), "plugin-nccl", "stages.nccl.version",
+     "use NCCL 2.17.1 or newer, or an aws-ofi-nccl release older than the one that raised the "
+     "floor"),
+    ("efa-nccl", ("stages.aws-ofi-nccl.version=1.3.9",
+                  "stages.aws-ofi-nccl.configure_flags=--disable-tests"),
+     "plugin-disable-tests", "stages.aws-ofi-nccl.configure_flags",
+     "drop --disable-tests from stages.aws-ofi-nccl.configure_flags, or use aws-ofi-nccl "
+     "1.4.0 or newer"),
+    ("pt25-cu124", ("stages.efa.version=1.38.0",), "efa-bundled-plugin", "stages.aws-ofi-nccl",
+     "use the plugin in /opt/amazon/ofi-nccl and drop [stages.aws-ofi-nccl], or set "
+     "stages.aws-ofi-nccl.build_despite_bundled = true to build aws-ofi-nccl 1.12.1-aws anyway"),
+    ("efa-nccl", ("stages.aws-ofi-nccl.version=1.5.9",
+                  "stages.aws-ofi-nccl.configure_flags=--enable-platform-aws"),
+     "plugin-platform-aws", "stages.aws-ofi-nccl.configure_flags",
+     "drop --enable-platform-aws from stages.aws-ofi-nccl.configure_flags, or use aws-ofi-nccl "
+     "1.6.0 or newer"),
+    ("pt25-cu124", ("stages.efa.version=1.22.0",), "plugin-platform-aws", "stages.efa.version",
+     "use an EFA installer that bundles libfabric >= 1.18.0 (e.g. EFA 1.25.x), or build "
+     "without --enable-platform-aws"),
+    ("smddp", ("stages.torchvision.version=0.10.0",), "torchvision-pytorch",
+     "stages.torchvision.version", "use torchvision 0.11.x with PyTorch 1.10"),
+])
+def test_each_violation_names_the_key_to_change_and_the_fix(
+        name: str, overrides: tuple[str, ...], rule: str, key: str, fix: str) -> None:
+    found = _only(compat.check(load(ROOT / "manifests" / f"{name}.toml", overrides,
+                                    registry=STAGES)), rule)
+    assert (found.key, found.fix) == (key, fix)
+    assert found.source == tomllib.loads(RULES_PATH.read_text())["rules"][rule]["source"]
