@@ -135,43 +135,51 @@ class Engine:
         self._forget()
 
     def _mounts(self) -> list[str]:
-        inside = str(self.root) + "/"
-        with open("/proc/self/mounts") as table:
-            targets = [line.split()[1].encode().decode("unicode_escape") for line in table]
-        return [t for t in targets if t.startswith(inside)]
+        return mounts_under(self.root)
 
     def _forget(self) -> None:
-        """Empty and remove this engine's namespaces in the host's containerd (its images,
-        snapshots and content would otherwise stay there)."""
-        for namespace in (self.name, f"{self.name}_history", f"{self.name}-plugins"):
-            ctr = ["ctr", "-n", namespace]
+        forget_namespaces(self.name)
 
-            def listed(*args: str, ctr: list[str] = ctr) -> list[str]:
-                found = subprocess.run([*ctr, *args], capture_output=True, text=True,
-                                       check=False)
-                return found.stdout.split() if found.returncode == 0 else []
 
-            def rm(*args: str, ctr: list[str] = ctr) -> None:
-                subprocess.run([*ctr, *args], capture_output=True, check=False)
+def mounts_under(root: Path) -> list[str]:
+    """Mount points under `root` (an engine's data and exec roots)."""
+    inside = str(root) + "/"
+    with open("/proc/self/mounts") as table:
+        targets = [line.split()[1].encode().decode("unicode_escape") for line in table]
+    return [t for t in targets if t.startswith(inside)]
 
-            for container in listed("containers", "ls", "-q"):
-                rm("containers", "rm", container)
-            for image in listed("images", "ls", "-q"):
-                rm("images", "rm", "--sync", image)
-            for lease in listed("leases", "ls", "-q"):
-                rm("leases", "rm", "--sync", lease)
-            # Children before parents: each pass removes the snapshots nothing builds on.
-            for _ in range(50):
-                table = subprocess.run([*ctr, "snapshots", "ls"], capture_output=True,
-                                       text=True, check=False).stdout.splitlines()[1:]
-                if not table:
-                    break
-                for row in table:
-                    rm("snapshots", "rm", row.split()[0])
-            for blob in listed("content", "ls", "-q"):
-                rm("content", "rm", blob)
-            subprocess.run(["ctr", "namespaces", "rm", namespace], capture_output=True,
-                           check=False)
+
+def forget_namespaces(name: str) -> None:
+    """Empty and remove an engine's namespaces in the host's containerd (its images,
+    snapshots and content would otherwise stay there)."""
+    for namespace in (name, f"{name}_history", f"{name}-plugins"):
+        ctr = ["ctr", "-n", namespace]
+
+        def listed(*args: str, ctr: list[str] = ctr) -> list[str]:
+            found = subprocess.run([*ctr, *args], capture_output=True, text=True, check=False)
+            return found.stdout.split() if found.returncode == 0 else []
+
+        def rm(*args: str, ctr: list[str] = ctr) -> None:
+            subprocess.run([*ctr, *args], capture_output=True, check=False)
+
+        for container in listed("containers", "ls", "-q"):
+            rm("containers", "rm", container)
+        for image in listed("images", "ls", "-q"):
+            rm("images", "rm", "--sync", image)
+        for lease in listed("leases", "ls", "-q"):
+            rm("leases", "rm", "--sync", lease)
+        # Children before parents: each pass removes the snapshots nothing builds on.
+        for _ in range(50):
+            table = subprocess.run([*ctr, "snapshots", "ls"], capture_output=True,
+                                   text=True, check=False).stdout.splitlines()[1:]
+            if not table:
+                break
+            for row in table:
+                rm("snapshots", "rm", row.split()[0])
+        for blob in listed("content", "ls", "-q"):
+            rm("content", "rm", blob)
+        subprocess.run(["ctr", "namespaces", "rm", namespace], capture_output=True,
+                       check=False)
 
 
 def _must(command: list[str]) -> None:

@@ -23,6 +23,7 @@ from typing import IO, Any
 import pytest
 import requests
 
+from bench.engine import forget_namespaces, mounts_under
 from tests.cache_consistency import assert_cache_consistent as assert_cache_consistent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -333,42 +334,11 @@ class SecondDockerd:
     def forget(self) -> None:
         """Empty and remove this engine's namespaces in the host's containerd: its unpacked
         base image alone is about 1 GB that would otherwise stay after every session."""
-        for namespace in (self.name, f"{self.name}_history", f"{self.name}-plugins"):
-            ctr = ["ctr", "-n", namespace]
-
-            def listed(*args: str, ctr: list[str] = ctr) -> list[str]:
-                found = subprocess.run([*ctr, *args], capture_output=True, text=True,
-                                       check=False)
-                return found.stdout.split() if found.returncode == 0 else []
-
-            def rm(*args: str, ctr: list[str] = ctr) -> None:
-                subprocess.run([*ctr, *args], capture_output=True, check=False)
-
-            for container in listed("containers", "ls", "-q"):
-                rm("containers", "rm", container)
-            for image in listed("images", "ls", "-q"):
-                rm("images", "rm", "--sync", image)
-            for lease in listed("leases", "ls", "-q"):
-                rm("leases", "rm", "--sync", lease)
-            # Children before parents: each pass removes the snapshots nothing builds on.
-            for _ in range(50):
-                table = subprocess.run([*ctr, "snapshots", "ls"], capture_output=True,
-                                       text=True, check=False).stdout.splitlines()[1:]
-                if not table:
-                    break
-                for row in table:
-                    rm("snapshots", "rm", row.split()[0])
-            for blob in listed("content", "ls", "-q"):
-                rm("content", "rm", blob)
-            subprocess.run(["ctr", "namespaces", "rm", namespace], capture_output=True,
-                           check=False)
+        forget_namespaces(self.name)
 
     def mounts(self) -> list[str]:
         """Mount points under this engine's directories."""
-        inside = str(self.root) + "/"
-        with open("/proc/self/mounts") as table:
-            targets = [line.split()[1].encode().decode("unicode_escape") for line in table]
-        return [t for t in targets if t.startswith(inside)]
+        return mounts_under(self.root)
 
     def step_mounts(self) -> list[str]:
         """Root file systems of build steps, mounted while a step runs."""
