@@ -7,7 +7,6 @@ Locks are real flock locks held by a second process."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -21,36 +20,10 @@ from imageforge.artifacts import ArtifactStore, Entry
 from imageforge.errors import CacheError
 from imageforge.keylock import locked
 from tests.cache_consistency import assert_cache_consistent, sha256_of
+from tests.oci_layout import key_of, oci_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = os.urandom(2048)  # a base layer every entry has
-
-
-def descriptor(media_type: str, body: bytes) -> dict[str, object]:
-    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
-            "size": len(body)}
-
-
-def oci_layout(where: Path, layers: list[bytes]) -> Path:
-    """An OCI image layout: a config, `layers`, the manifest naming them and the index."""
-    config = json.dumps({"architecture": "amd64", "os": "linux", "n": where.name}).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": descriptor("application/vnd.oci.image.config.v1+json", config),
-        "layers": [descriptor("application/vnd.oci.image.layer.v1.tar", b) for b in layers],
-    }).encode()
-    blobs = where / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-    for body in (config, manifest, *layers):
-        (blobs / hashlib.sha256(body).hexdigest()).write_bytes(body)
-    (where / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (where / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        descriptor("application/vnd.oci.image.manifest.v1+json", manifest)]}))
-    return where
-
-
-def key_of(name: str) -> str:
-    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
 
 
 class Store:

@@ -19,40 +19,15 @@ import pytest
 from imageforge import artifacts
 from imageforge.artifacts import ArtifactStore, Entry
 from imageforge.errors import CacheError
+from tests.oci_layout import key_of, oci_layout
 
 SHARED = b"shared base layer " * 100
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _descriptor(media_type: str, body: bytes) -> dict[str, object]:
-    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
-            "size": len(body)}
-
-
-def _layout(where: Path, layers: list[bytes]) -> Path:
-    config = json.dumps({"os": "linux", "n": where.name}).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "config": _descriptor("application/vnd.oci.image.config.v1+json",
-                                                  config),
-        "layers": [_descriptor("application/vnd.oci.image.layer.v1.tar", b) for b in layers],
-    }).encode()
-    blobs = where / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-    for body in (config, manifest, *layers):
-        (blobs / hashlib.sha256(body).hexdigest()).write_bytes(body)
-    (where / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (where / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        _descriptor("application/vnd.oci.image.manifest.v1+json", manifest)]}))
-    return where
-
-
-def _key(name: str) -> str:
-    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
-
-
 def _add(store: ArtifactStore, tmp_path: Path, name: str, layer: bytes) -> Entry:
-    return store.add(key=_key(name), stage="efa", inputs={"name": name}, build_seconds=1.234,
-                     layout=_layout(tmp_path / "layouts" / name, [layer, SHARED]))
+    return store.add(key=key_of(name), stage="efa", inputs={"name": name}, build_seconds=1.234,
+                     layout=oci_layout(tmp_path / "layouts" / name, [layer, SHARED]))
 
 
 def test_key_hex_takes_exactly_sha256_and_64_lowercase_hex() -> None:
@@ -66,14 +41,14 @@ def test_key_hex_takes_exactly_sha256_and_64_lowercase_hex() -> None:
         assert str(info.value) == f"{bad!r} is not a stage key (sha256:<64 hex>)."
 
 
-def test_add_records_the_entry_and_consumes_the_layout(tmp_path: Path) -> None:
+def test_add_records_the_entry_and_consumes_theoci_layout(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
     layer = os.urandom(1000)
     entry = _add(store, tmp_path, "a", layer)
-    assert entry.key == _key("a") and entry.stage == "efa" and entry.inputs == {"name": "a"}
+    assert entry.key == key_of("a") and entry.stage == "efa" and entry.inputs == {"name": "a"}
     assert entry.build_seconds == 1.23 and entry.hits == 0
     assert entry.created == entry.last_used
-    assert entry.path == store.root / "entries" / artifacts.key_hex(_key("a"))
+    assert entry.path == store.root / "entries" / artifacts.key_hex(key_of("a"))
     assert entry.size == sum(p.stat().st_size for p in (entry.path / "blobs/sha256").iterdir())
     assert store.get(entry.key) == entry
     index = json.loads((entry.path / "index.json").read_text())
@@ -90,21 +65,21 @@ def test_a_layout_that_is_not_one_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     with pytest.raises(CacheError) as info:
-        store.add(key=_key("x"), stage="efa", inputs={}, layout=bad, build_seconds=0)
+        store.add(key=key_of("x"), stage="efa", inputs={}, layout=bad, build_seconds=0)
     assert str(info.value).startswith(f"{bad}: not an OCI layout BuildKit wrote (")
     (bad / "index.json").write_text('{"manifests": []}')
     with pytest.raises(CacheError, match="not an OCI layout"):
-        store.add(key=_key("x"), stage="efa", inputs={}, layout=bad, build_seconds=0)
+        store.add(key=key_of("x"), stage="efa", inputs={}, layout=bad, build_seconds=0)
 
 
 def test_a_blob_not_matching_its_name_is_refused_and_nothing_is_kept(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
-    layout = _layout(tmp_path / "l", [b"layer", SHARED])
+    layout = oci_layout(tmp_path / "l", [b"layer", SHARED])
     # The bad blob is the last one adopted: the ones before it were already shared.
     blob = max((layout / "blobs/sha256").iterdir(), key=lambda p: p.name)
     blob.write_bytes(b"tampered")
     with pytest.raises(CacheError) as info:
-        store.add(key=_key("x"), stage="nccl", inputs={}, layout=layout, build_seconds=0)
+        store.add(key=key_of("x"), stage="nccl", inputs={}, layout=layout, build_seconds=0)
     assert str(info.value) == ("BuildKit exported a blob of nccl whose content does not match "
                                f"its name ({blob.name}); rebuild it.")
     assert store.all_entries() == [] and list(store.blobs.iterdir()) == []
@@ -115,7 +90,7 @@ def test_the_same_key_added_twice_keeps_the_first(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
     first = _add(store, tmp_path, "a", b"first")
     again = store.add(key=first.key, stage="efa", inputs={"name": "again"}, build_seconds=9,
-                      layout=_layout(tmp_path / "layouts" / "again", [b"second", SHARED]))
+                      layout=oci_layout(tmp_path / "layouts" / "again", [b"second", SHARED]))
     assert again == first and store.get(first.key) == first
     assert list(store.tmp.iterdir()) == []
     assert hashlib.sha256(b"second").hexdigest() not in {p.name for p in store.blobs.iterdir()}
@@ -123,7 +98,7 @@ def test_the_same_key_added_twice_keeps_the_first(tmp_path: Path) -> None:
 
 def test_get_is_none_for_a_missing_or_unreadable_entry(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
-    assert store.get(_key("none")) is None
+    assert store.get(key_of("none")) is None
     entry = _add(store, tmp_path, "a", b"a")
     (entry.path / "meta.json").write_text("{broken")
     assert store.get(entry.key) is None
@@ -204,8 +179,8 @@ def test_touch_counts_a_use(tmp_path: Path) -> None:
     used = store.get(entry.key)
     assert used is not None and used.hits == 2 and used.last_used >= entry.last_used
     assert used.created == entry.created
-    store.touch(_key("missing"))  # nothing to count
-    assert store.get(_key("missing")) is None
+    store.touch(key_of("missing"))  # nothing to count
+    assert store.get(key_of("missing")) is None
 
 
 def test_size_counts_a_shared_blob_once(tmp_path: Path) -> None:
@@ -280,8 +255,8 @@ def test_prune_by_size_counts_only_what_age_left(tmp_path: Path) -> None:
 
 def test_prune_by_size_passes_over_protected_entries(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
-    only = store.add(key=_key("only"), stage="boost", inputs={}, build_seconds=1,
-                     layout=_layout(tmp_path / "layouts" / "only", [b"o" * 5000, SHARED]))
+    only = store.add(key=key_of("only"), stage="boost", inputs={}, build_seconds=1,
+                     layout=oci_layout(tmp_path / "layouts" / "only", [b"o" * 5000, SHARED]))
     older = _add(store, tmp_path, "older", b"a" * 5000)
     newer = _add(store, tmp_path, "newer", b"b" * 5000)
     now = time.time()

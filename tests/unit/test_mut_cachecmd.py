@@ -4,7 +4,6 @@ artifact store holding real OCI layouts (only their bytes are made up)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -15,41 +14,16 @@ import pytest
 from imageforge import cachecmd, project
 from imageforge.artifacts import ArtifactStore, Entry
 from imageforge.errors import UsageError
-
-
-def _descriptor(media_type: str, body: bytes) -> dict[str, object]:
-    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
-            "size": len(body)}
-
-
-def _layout(where: Path, layer: bytes) -> Path:
-    config = json.dumps({"architecture": "amd64", "os": "linux", "n": where.name}).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": _descriptor("application/vnd.oci.image.config.v1+json", config),
-        "layers": [_descriptor("application/vnd.oci.image.layer.v1.tar", layer)],
-    }).encode()
-    blobs = where / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-    for body in (config, manifest, layer):
-        (blobs / hashlib.sha256(body).hexdigest()).write_bytes(body)
-    (where / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (where / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        _descriptor("application/vnd.oci.image.manifest.v1+json", manifest)]}))
-    return where
-
-
-def _key(name: str) -> str:
-    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+from tests.oci_layout import key_of, oci_layout
 
 
 def _add(settings: project.Settings, name: str, stage: str, *, age: float,
          layer_bytes: int = 4096) -> Entry:
     """An entry of `stage` last used and created `age` seconds ago."""
     store = project.artifact_store(settings)
-    entry = store.add(key=_key(name), stage=stage, inputs={"name": name}, build_seconds=1.0,
-                      layout=_layout(settings.cache_dir.parent / "layouts" / name,
-                                     os.urandom(layer_bytes)))
+    entry = store.add(key=key_of(name), stage=stage, inputs={"name": name}, build_seconds=1.0,
+                      layout=oci_layout(settings.cache_dir.parent / "layouts" / name,
+                                        [os.urandom(layer_bytes)]))
     meta_path = entry.path / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["last_used"] = meta["created"] = time.time() - age
@@ -242,7 +216,7 @@ def test_explain_with_everything_cached_says_so(tmp_path: Path) -> None:
     store = project.artifact_store(settings)
     for i, stage in enumerate(project.plan(settings, "efa-nccl").stages):
         store.add(key=stage.key, stage=stage.name, inputs=dict(stage.inputs), build_seconds=1,
-                  layout=_layout(tmp_path / "layouts" / str(i), os.urandom(64)))
+                  layout=oci_layout(tmp_path / "layouts" / str(i), [os.urandom(64)]))
     assert cachecmd.explain(settings, "efa-nccl") == \
         "efa-nccl: nothing to build; every stage needed is cached"
 
