@@ -38,7 +38,7 @@ integration: setup docker
 # Mutation testing (scripts/mutation.py): mutmut mutates every function of the modules that
 # carry the promises ([tool.mutmut] in pyproject.toml) and runs the unit tests covering each;
 # then the known mutants of scripts/mutants.py. Prints the score and the survivors; fails on a
-# survivor that tests/mutation-equivalent.toml does not accept. Verdicts are cached in mutants/
+# survivor that no tests/mutation-equivalent/*.toml entry accepts. Verdicts are cached in mutants/
 # per function: FRESH=1 forgets them (after weakening a test), REPORT=1 only prints them.
 mutation: setup
 	$(BIN)/python scripts/mutation.py $(if $(FRESH),--fresh) $(if $(REPORT),--report)

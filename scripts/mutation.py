@@ -7,7 +7,7 @@ the unit tests that cover that function. Results are kept in mutants/ per functi
 a second run only tests what changed; mutants that survived an earlier run are tested again
 (the tests may have changed since), and --fresh throws every cached verdict away.
 
-A surviving mutant fails the run unless tests/mutation-equivalent.toml accepts it: each
+A surviving mutant fails the run unless tests/mutation-equivalent/*.toml accepts it: each
 entry names the function, the change (the diff's -/+ lines) and one line saying why no test
 can tell the mutant from the original. Entries match by function and change, not by the
 mutant's number, so they survive unrelated edits elsewhere in the function; an entry that
@@ -37,7 +37,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ACCEPTED = ROOT / "tests/mutation-equivalent.toml"
+ACCEPTED = ROOT / "tests/mutation-equivalent"
 # mutmut's exit codes per mutant (mutmut.stats.status_by_exit_code).
 KILLED = {1: "killed", 3: "killed", 36: "timeout", 37: "caught by type check", -24: "timeout",
           24: "timeout", 152: "timeout", 255: "timeout"}
@@ -94,12 +94,23 @@ def change_of(mutant: str) -> tuple[str, ...]:
 
 
 def load_accepted() -> list[Accepted]:
-    data = tomllib.loads(ACCEPTED.read_text())
+    accepted = []
+    for path in sorted(ACCEPTED.glob("*.toml")):
+        accepted.extend(load_accepted_file(path))
+    return accepted
+
+
+def load_accepted_file(path: Path) -> list[Accepted]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise SystemExit(f"{path.relative_to(ROOT)}: not valid TOML ({error})") from None
     accepted = []
     for entry in data.get("equivalent", []):
         reason = entry.get("reason", "").strip()
         if not reason or "\n" in reason:
-            raise SystemExit(f"{ACCEPTED}: {entry.get('function')}: give a one-line reason")
+            raise SystemExit(f"{path.relative_to(ROOT)}: {entry.get('function')}: "
+                             "give a one-line reason")
         change = tuple(line[0] + line[1:].strip() for line in entry["change"].strip().splitlines())
         accepted.append(Accepted(function=entry["function"], change=change, reason=reason))
     return accepted
@@ -184,7 +195,7 @@ def main() -> int:
               f"{100 * (total_killed + len(equivalent)) / total:.1f} % killed or equivalent")
 
     if equivalent:
-        print("\naccepted survivors (tests/mutation-equivalent.toml):")
+        print("\naccepted survivors (tests/mutation-equivalent/):")
         for mutant, entry in equivalent:
             print(f"  {mutant}: {entry.reason}")
     stale = [a for a in accepted if a not in used]
