@@ -253,7 +253,9 @@ def render(c: Context, target: str | None = None, manifest: str | None = None,
           "program": "with --code: the script in it SageMaker runs, e.g. train.py",
           "output": "also write the files the target's stages made (not the base's) to this "
                     "directory, or to FILE.tar: NCCL, the plugin, nccl-tests for hosts that "
-                    "run them outside containers"},
+                    "run them outside containers",
+          "expect_key": "refuse to build unless the target's key is this one (what a job of "
+                        "`ci.generate` passes: pins moved since generation fail it, exit 8)"},
     iterable=["set"],
 )
 @boundary
@@ -264,7 +266,7 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
           mirror: str | None = None, summary: str | None = None,
           layer_cache: str | None = None, ca_bundle: str | None = None,
           code: str | None = None, program: str | None = None,
-          output: str | None = None) -> None:
+          output: str | None = None, expect_key: str | None = None) -> None:
     """Build a target with BuildKit, then run its image checks.
 
     Every stage the target needs is built in one parallel BuildKit run, and what no cache
@@ -283,7 +285,7 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
     target = code_target or project.default_target(s)
     options = BuildOptions(target=target, tag=tag, push=push, builder=builder,
                            progress=progress, dry_run=dry_run,  # type: ignore[arg-type]
-                           ca_bundle=bundle)
+                           ca_bundle=bundle, expect_key=expect_key)
     s = dataclasses.replace(s, layer_cache=layer_cache or c.config.get("imageforge", {}).get(
         "layer_cache") or None)
     if output is not None:
@@ -637,11 +639,66 @@ def matrix_build(c: Context, file: str | None = None, test: bool = True,
     print(f"{len(results)} images; {len(built)} stage builds, each key once; report {path}")
 
 
+@task(name="generate",
+      help={"format": "github (a GitHub Actions workflow) or gitlab (a GitLab CI pipeline)",
+            "file": "the matrix file ([[image]] tables); default: one image, --manifest",
+            "manifest": MANIFEST_HELP, "set": SET_HELP,
+            "target": f"image target without --file ({TARGET_DEFAULT})",
+            "remote": REMOTE_HELP + "; required: jobs hand artifacts on through it",
+            "out": "write the pipeline here (default: print it)",
+            "json": "print the jobs as one JSON object instead of YAML"},
+      iterable=["set"])
+@boundary
+def ci_generate(c: Context, format: str = "github", file: str | None = None,
+                manifest: str | None = None, set: list[str] | None = None,
+                target: str | None = None, remote: str | None = None, out: str | None = None,
+                json: bool = False) -> None:
+    """Write a CI pipeline with one job per stage key the registry cache lacks."""
+    from imageforge import cigen
+    from imageforge import matrix as matrix_mod
+    from imageforge import remote as remote_mod
+
+    if format not in cigen.FORMATS:
+        raise UsageError(f"--format {format}: use github or gitlab.")
+    repository = remote or c.config.get("imageforge", {}).get("remote")
+    if not repository:
+        raise UsageError("ci.generate needs --remote REPOSITORY (or imageforge.remote): the "
+                         "registry cache through which the jobs hand artifacts on.")
+    remote_mod.check_repository(repository)
+    if file:
+        if manifest or set or target:
+            raise UsageError("ci.generate: --file lists the images; --manifest, --set and "
+                             "--target go in its [[image]] tables instead.")
+        entries = matrix_mod.load(Path(file))
+    else:
+        entries = [matrix_mod.Entry(manifest=settings(c, manifest, None).manifest,
+                                    target=target, tag=None, overrides=tuple(set or ()))]
+    images = []
+    for entry in entries:
+        s = matrix_settings(c, entry)
+        planned = project.plan(s, entry.target or project.default_target(s), resolve=True)
+        images.append(cigen.Image(manifest=project.manifest_label(entry.manifest),
+                                  overrides=entry.overrides, tag=entry.tag, plan=planned))
+    with remote_mod.credentials(repository.split("/", 1)[0]) as env:
+        found = cigen.pipeline(images, repository,
+                               cigen.registry_holds(remote_mod.Remote(repository=repository,
+                                                                      env=env)))
+    text = (jsonlib.dumps(cigen.as_json(found), indent=2) + "\n" if json else
+            cigen.render(found, format, source=file or project.manifest_label(entries[0].manifest)))
+    if out:
+        write_output("--out", out, text)
+        print(f"{out}: {cigen.summary(found)}")
+    else:
+        print(text, end="")
+        print(cigen.summary(found), file=sys.stderr)
+
+
 cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
+ci = Collection("ci", ci_generate)
 matrix = Collection("matrix", matrix_plan, matrix_build)
 mirror = Collection("mirror", mirror_sync)
 ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
-               promote, cache, mirror, matrix)
+               promote, cache, mirror, matrix, ci)
 ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
                              "remote": "", "rewrite": "", "repository": "", "webhook": "",
                              "layer_cache": "", "ca_bundle": "", "stage_dirs": ""}})

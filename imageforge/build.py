@@ -47,6 +47,8 @@ class BuildOptions:
     dry_run: bool = False
     # The CA bundle of a TLS-intercepting proxy, for build steps that download (a secret).
     ca_bundle: Path | None = None
+    # The target's key a generated CI job was made for: any other key is refused unbuilt.
+    expect_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,6 +141,11 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                            resolve=not options.dry_run)
     for warning in planned.warnings():
         print(f"imageforge: warning: {warning}", file=sys.stderr)
+    if options.expect_key and planned.key != options.expect_key:
+        raise LockError(f"--expect-key: {options.target}'s key is {planned.key}, not "
+                        f"{options.expect_key}: the manifest, its lock or the --set overrides "
+                        "changed since the pipeline was generated; run `invoke ci.generate` "
+                        "again.")
     if options.dry_run:
         _print_dry_run(settings, planned, options)
         return None
