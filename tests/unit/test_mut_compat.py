@@ -172,3 +172,99 @@ def test_each_violation_names_the_key_to_change_and_the_fix(
                                     registry=STAGES)), rule)
     assert (found.key, found.fix) == (key, fix)
     assert found.source == tomllib.loads(RULES_PATH.read_text())["rules"][rule]["source"]
+
+
+def _violation(rule: str, key: str, message: str, **fix: str) -> compat.Violation:
+    """The whole finding a rule should report: its source and fix come from compat.toml."""
+    source = str(tomllib.loads(RULES_PATH.read_text())["rules"][rule]["source"])
+    return compat.Violation(rule, key, message, source, _fix(rule, **fix))
+
+
+def _check(name: str, *overrides: str) -> list[compat.Violation]:
+    return compat.check(load(ROOT / "manifests" / f"{name}.toml", overrides, registry=STAGES))
+
+
+def test_an_image_cuda_that_is_neither_the_base_nor_smddps_names_image_cuda_twice() -> None:
+    assert _check("smddp", "image.cuda=11.7") == [
+        _violation("base-cuda", "image.cuda",
+                   "image.base nvidia/cuda:11.3.1-cudnn8-devel-ubuntu20.04 is CUDA 11.3, but "
+                   "image.cuda is 11.7.", base="11.3", cuda="11.7"),
+        _violation("smddp-cuda", "image.cuda",
+                   "SMDDP 1.4.0 was shipped for CUDA 11.3, but the image's CUDA is 11.7.",
+                   wanted="11.3", cuda="11.7"),
+    ]
+
+
+def test_a_ptx_arch_outside_the_lists_names_every_listed_arch_once() -> None:
+    assert _check("smddp", "stages.pytorch.ptx_arch=8.6",
+                  'stages.pytorch.extra_cuda_arch=["3.7", "7.0"]') == [
+        _violation("ptx-arch", "stages.pytorch.ptx_arch",
+                   "stages.pytorch.ptx_arch 8.6 is not in the arch list (7.0, 8.0, 3.7), so no "
+                   "PTX would be embedded.", archs="7.0, 8.0, 3.7", arch="8.6")]
+
+
+def test_a_ptx_arch_with_no_arch_listed_says_none() -> None:
+    assert _check("smddp", "image.cuda_arch=[]", "stages.pytorch.extra_cuda_arch=[]") == [
+        _violation("ptx-arch", "stages.pytorch.ptx_arch",
+                   "stages.pytorch.ptx_arch 7.0 is not in the arch list (none), so no PTX would "
+                   "be embedded.", archs="none", arch="7.0")]
+
+
+def test_arch_lists_and_the_ptx_arch_may_say_plus_ptx() -> None:
+    assert _check("smddp", 'image.cuda_arch=["7.0+PTX", "8.0"]') == []
+    assert _check("smddp", 'stages.pytorch.ptx_arch=8.0+PTX') == []
+    assert _check("smddp", 'image.cuda_arch=["7.0", "9.0+PTX"]',
+                  "stages.pytorch.ptx_arch=9.0+PTX") == [
+        _violation("cuda-arch", "image.cuda_arch",
+                   "sm_90 (9.0) in image.cuda_arch needs CUDA 11.8 or newer, but the image's "
+                   "CUDA is 11.3.", action="remove 9.0 from image.cuda_arch, or use CUDA 11.8 "
+                                       "or newer")]
+
+
+def test_a_wheel_for_another_python_names_the_wheel_and_every_python_it_is_for() -> None:
+    wheel = "smdistributed_dataparallel-1.4.0-cp38-cp38-linux_x86_64.whl"
+    assert _check("smddp", "image.python=3.9") == [
+        _violation("smddp-python", "image.python",
+                   f"the SMDDP wheel {wheel} is for Python 3.8, but image.python is 3.9.",
+                   python="3.9", tag="39", wheel_python="3.8")]
+    both = "smdistributed_dataparallel-1.4.0-cp39.cp38-cp39.cp38-linux_x86_64.whl"
+    url = f"stages.smddp.url=https://smdataparallel.s3.amazonaws.com/binary/pytorch/1.10.2/{both}"
+    assert _check("smddp", url, "image.python=3.10") == [
+        _violation("smddp-python", "image.python",
+                   f"the SMDDP wheel {both} is for Python 3.8, 3.9, but image.python is 3.10.",
+                   python="3.10", tag="310", wheel_python="3.8")]
+    assert _check("smddp", url, "image.python=3.9") == []
+
+
+def test_a_wheel_for_any_python_fits_every_image() -> None:
+    url = ("stages.smddp.url=https://smdataparallel.s3.amazonaws.com/binary/pytorch/1.10.2/"
+           "smdistributed_dataparallel-1.4.0-py3-none-any.whl")
+    assert _check("smddp", url) == []
+
+
+def test_a_wheel_for_another_pytorch_names_both_versions() -> None:
+    found = _only(_check("smddp", "stages.pytorch.version=1.12.1"), "smddp-pytorch")
+    assert found == _violation(
+        "smddp-pytorch", "stages.pytorch.version",
+        "the SMDDP wheel is built for PyTorch 1.10.2 (its URL's /pytorch/1.10.2/ segment), but "
+        "stages.pytorch.version is 1.12.1.", wanted="1.10.2", pytorch="1.12.1")
+
+
+def test_a_url_that_is_no_wheel_or_another_versions_wheel_names_stages_smddp_url() -> None:
+    assert _check("smddp", "stages.smddp.url=https://example.com/smddp-1.4.0.tar.gz") == [
+        _violation("smddp-wheel", "stages.smddp.url",
+                   "stages.smddp.url names 'smddp-1.4.0.tar.gz', which is not a wheel.",
+                   version="1.4.0")]
+    other = ("stages.smddp.url=https://smdataparallel.s3.amazonaws.com/binary/pytorch/1.10.2/"
+             "cu113/2021-12-01/smdistributed_dataparallel-1.3.0-cp38-cp38-linux_x86_64.whl")
+    assert _check("smddp", other) == [
+        _violation("smddp-wheel", "stages.smddp.url",
+                   "stages.smddp.url is the wheel of SMDDP 1.3.0, but stages.smddp.version is "
+                   "1.4.0.", version="1.4.0")]
+
+
+def test_the_installer_the_data_knows_is_reported_with_its_own_version() -> None:
+    assert compat.known_efa("1.36.0") == compat.EfaInstaller(
+        version="1.36.0", libfabric=Version("1.22"), bundles_plugin=False)
+    assert compat.known_efa("1.38.1") == compat.EfaInstaller(
+        version="1.38.1", libfabric=Version("1.22"), bundles_plugin=True)
