@@ -4,6 +4,7 @@ cache, the Dockerfile and the bake file that say so."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,22 @@ def to_build(plan: Plan) -> list[str]:
     return [s.name for s in plan.stages if s.name in needed]
 
 
+# A block names the stages it reads in its FROM line (the parent) and in COPY --from.
+_NAMED = re.compile(r"(?:^FROM\s+|--from=)([A-Za-z0-9][A-Za-z0-9_.-]*)", re.MULTILINE)
+
+
+def read_by(plan: Plan, building: list[str]) -> set[str]:
+    """The stages of `plan` that the blocks of `building` read. Not only their direct deps:
+    a block copies the whole closure it needs (torchvision copies nccl, which only pytorch
+    depends on), so each of those must be in the Dockerfile or given as a context."""
+    names = {s.name for s in plan.stages}
+    return {found for name in building for found in _NAMED.findall(plan.stage(name).recipe)
+            if found in names and found != name}
+
+
 def reused(plan: Plan, building: list[str]) -> list[str]:
-    """Cached stages this run reads: dependencies of built stages, or the target itself."""
-    used = {dep for name in building for dep in plan.stage(name).deps}
+    """Cached stages this run reads: those the built stages read, or the target itself."""
+    used = read_by(plan, building)
     if plan.target not in building:
         used.add(plan.target)
     return [s.name for s in plan.stages
@@ -70,7 +84,7 @@ class Run:
 def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
              contexts: Mapping[str, str]) -> Run:
     full = full_artifact_stages(registry)
-    used = {dep for name in building for dep in plan.stage(name).deps} | {plan.target}
+    used = read_by(plan, building) | {plan.target}
     blocks = [(s.name, s.recipe) for s in plan.stages if is_external(s) and s.name in used]
     blocks += [(name, plan.stage(name).recipe) for name in building]
     artifact_targets: dict[str, str] = {}
