@@ -55,6 +55,8 @@ STAGES = "stages"
 # are carried over unchanged.
 SETTLED = (BASE[0], EXTENDS[0], NCCL_PIN[0], UPGRADED, STAGES)
 PIP = "pip"
+# How long a registry may take to tell the base image's digest before it counts as offline.
+BASE_DIGEST_TIMEOUT_S = 30
 
 
 def lock_path(manifest_path: Path) -> Path:
@@ -613,14 +615,14 @@ def _hash_into_cache(source: UrlSource, cache: SourceCache) -> str:
     return digest
 
 
-def _base_digest(ref: str) -> str | None:
+def _base_digest(ref: str, *, timeout: float = BASE_DIGEST_TIMEOUT_S) -> str | None:
     """The registry digest of the base image, or None when no registry answers (offline,
-    or a local-only image)."""
+    or a local-only image, or not within `timeout` seconds)."""
     if "@sha256:" in ref:
         return ref.split("@", 1)[1]
     try:
         result = run(["docker", "buildx", "imagetools", "inspect", ref, "--format",
-                      "{{json .Manifest.Digest}}"], timeout=30)
+                      "{{json .Manifest.Digest}}"], timeout=timeout)
     except (FatalError, OSError, subprocess.TimeoutExpired):
         return None
     if result.returncode != 0:

@@ -470,7 +470,7 @@ def test_settle_pins_each_source_from_the_lock_and_names_what_is_missing() -> No
     assert lock.NCCL_PIN in first.stale and lock.NCCL_PIN in first.unresolved
     assert None not in first.stale and None not in first.unresolved
     smddp = manifest.stages["smddp"]
-    entries = {
+    entries: dict[lock.EntryPath, lock.Entry] = {
         ("stages", "smddp", "src-smddp"): entry({"url": smddp["url"]}, sha256=SHA_A),
         ("stages", "smddp", "src-smddp-s3"): entry({"url": smddp["s3_plugin_url"]},
                                                   sha256=SHA_B),
@@ -649,8 +649,7 @@ def test_the_nccl_pin_records_the_manifests_repos_not_where_rewrites_sent_us(
     pytorch = manifest.stages["pytorch"]
     source = GitSource(name="src-pytorch", repo=str(pytorch["repo"]),
                        ref=f"v{pytorch['version']}", commit=str(pytorch["commit"]))
-    cache = SourceCache(tmp_path / "cache",
-                        _Rewrite("http://upstream.invalid", sample_server.url))  # type: ignore[arg-type]
+    cache = SourceCache(tmp_path / "cache", _Rewrite("http://upstream.invalid", sample_server.url))
     pin = lock.Upstream(cache=cache, stages=STAGES).nccl_pin(manifest, source, None)
     assert pin["version"] == "2.10.3"
     assert pin["evidence"]["pytorch_repo"] == "http://upstream.invalid/git/pytorch.git"
