@@ -53,8 +53,8 @@ UPGRADED = "upgraded"
 STAGES = "stages"
 # The sections `settle` walks. Entries of any other section (a kind a newer imageforge adds)
 # are carried over unchanged.
-SETTLED = (BASE[0], EXTENDS[0], NCCL_PIN[0], UPGRADED, STAGES)
 PIP = "pip"
+SETTLED = (BASE[0], EXTENDS[0], NCCL_PIN[0], UPGRADED, STAGES, PIP)
 # How long a registry may take to tell the base image's digest before it counts as offline.
 BASE_DIGEST_TIMEOUT_S = 30
 

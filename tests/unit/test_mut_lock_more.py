@@ -193,6 +193,12 @@ def test_upgrading_one_stage_resolves_its_pip_set_anew_and_keeps_every_other_pin
                            upgrade=True, only=("pytorch",), endpoints=Endpoints(pypi=index.pypi))
     # what the pytorch stage installs: the set resolved now, at the newest version
     assert settled.manifest.stages["pytorch"][piplock.INPUT] == index.packages("4.0.0")
+    # and what the lock file records: the same set (the old entry once came back over it,
+    # so the written lock stayed stale for ever)
+    assert settled.entries[TORCH_PIP] == lock.Entry(origin=TORCH_ORIGIN,
+                                                    pin={"packages": index.packages("4.0.0")})
+    again = lock.settle(manifest, settled.lock(), STAGES)
+    assert (again.stale, again.unused) == ((), ())
     assert {p: e for p, e in settled.entries.items() if p != TORCH_PIP} == {
         p: e for p, e in previous.entries.items() if p != TORCH_PIP}
 
