@@ -25,6 +25,8 @@ from imageforge.cmd import docker_binary
 from imageforge.errors import CacheError
 
 _REPOSITORY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+")
+# How long `docker buildx imagetools inspect` may take before the registry counts as down.
+INSPECT_TIMEOUT = 30.0
 _UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "connection reset",
                 "dial tcp", "server misbehaving", "eof", "503", "502", "500 internal")
 
@@ -52,15 +54,16 @@ class Remote:
     def ref(self, stage: str, key: str) -> str:
         return f"{self.repository}/{stage}:{key_hex(key)}"
 
-    def exists(self, stage: str, key: str) -> bool:
-        """Whether the artifact is in the registry; RemoteUnavailable when it cannot tell."""
+    def exists(self, stage: str, key: str, *, timeout: float = INSPECT_TIMEOUT) -> bool:
+        """Whether the artifact is in the registry; RemoteUnavailable when it cannot tell
+        (also when docker has not answered within `timeout` seconds)."""
         try:
             proc = subprocess.run(
                 [docker_binary(), "buildx", "imagetools", "inspect", self.ref(stage, key),
                  "--format", "{{json .Manifest.Digest}}"],
-                capture_output=True, timeout=30, env={**os.environ, **self.env}, check=False)
+                capture_output=True, timeout=timeout, env={**os.environ, **self.env}, check=False)
         except subprocess.TimeoutExpired:
-            raise RemoteUnavailable(f"{self.host} did not answer within 30 s") from None
+            raise RemoteUnavailable(f"{self.host} did not answer within {timeout:g} s") from None
         if proc.returncode == 0:
             return True
         error = proc.stderr.decode(errors="replace").strip().lower()

@@ -136,7 +136,7 @@ def git_source(stage: str, inputs: Inputs, *,
 def filename_of(url: str) -> str:
     """The file name a URL is saved under: its last path segment, or the one before a
     trailing `/download` (sourceforge-style links)."""
-    path = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    path = url.split("?", 1)[0].split("#", 1)[0]
     parts = [p for p in path.split("/") if p]
     if len(parts) > 1 and parts[-1] == "download":
         return parts[-2]

@@ -5,14 +5,19 @@ once, that uses are counted, and that only dead processes' work directories are 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -35,7 +40,7 @@ def test_key_hex_takes_exactly_sha256_and_64_lowercase_hex() -> None:
     assert artifacts.key_hex("sha256:" + hexpart) == hexpart
     assert artifacts.key_hex(hexpart) == hexpart
     for bad in ("sha256:" + hexpart.upper(), "sha256:" + hexpart[:-1], hexpart + "0",
-                "sha256:" + hexpart[:-1] + "g", "md5:" + hexpart):
+                "sha256:" + hexpart[:-1] + "g", "sha256:" + "X" * 64, "md5:" + hexpart):
         with pytest.raises(CacheError) as info:
             artifacts.key_hex(bad)
         assert str(info.value) == f"{bad!r} is not a stage key (sha256:<64 hex>)."
@@ -212,11 +217,17 @@ def test_cleanup_removes_only_dead_processes_work(tmp_path: Path) -> None:
     store.cleanup()  # no tmp yet
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    mine = store.scratch()
+    with _answering_process() as live:
+        (store.tmp / f"{live.pid}-abc").mkdir(parents=True)
+        (store.tmp / f"{dead}-abc").mkdir()
+        (store.tmp / "junk").mkdir()
+        (store.tmp / "1-init").mkdir()  # pid 1 is alive
+        mine = store.scratch()  # cleans up first
+        # Asking whether a process lives does not disturb it.
+        assert _answers(live)
     assert mine.parent == store.tmp and mine.name.startswith(f"{os.getpid()}-")
-    (store.tmp / f"{dead}-abc").mkdir()
-    (store.tmp / "junk").mkdir()
-    (store.tmp / "1-init").mkdir()  # pid 1 is alive
+    assert sorted(p.name for p in store.tmp.iterdir()) == sorted(
+        [f"{live.pid}-abc", "1-init", mine.name])
     store.cleanup()
     assert sorted(p.name for p in store.tmp.iterdir()) == sorted([mine.name, "1-init"])
     assert artifacts._alive(os.getpid()) and not artifacts._alive(int(dead))
@@ -301,3 +312,218 @@ def test_prune_waits_while_a_build_reads_the_entry(tmp_path: Path,
     assert [e.key for e in result[0]] == [entry.key]
     assert store.get(entry.key) is None
 
+
+
+# ---- helpers: live processes, and another process acting at one exact moment -------------
+
+@contextlib.contextmanager
+def _answering_process() -> Iterator[subprocess.Popen[str]]:
+    """A child that answers each line on its stdin with 'pong' until its stdin closes."""
+    script = "import sys\nfor line in sys.stdin:\n    print('pong', flush=True)\n"
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        yield child
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
+def _answers(child: subprocess.Popen[str]) -> bool:
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        child.stdin.write("ping\n")
+        child.stdin.flush()
+    except BrokenPipeError:
+        return False
+    return child.stdout.readline() == "pong\n"
+
+
+@contextlib.contextmanager
+def _before_each(builtin: str, action: Callable[[FrameType], None]) -> Iterator[None]:
+    """Run `action(frame of the caller)` right before every call of the C function named
+    `builtin` made by this thread: what another process would do at exactly that moment."""
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "c_call" and getattr(arg, "__name__", None) == builtin:
+            action(frame)
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+def _stats_of(path: Path) -> Callable[[FrameType], int]:
+    """How many times os.stat was called on `path` (through Path.stat), counting this one."""
+    seen = [0]
+
+    def count(frame: FrameType) -> int:
+        if frame.f_locals.get("self") == path:
+            seen[0] += 1
+            return seen[0]
+        return 0
+
+    return count
+
+
+def test_the_store_keeps_shared_blobs_and_locks_where_its_layout_says(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    entry = _add(store, tmp_path, "a", b"layer-a")
+    names = sorted(p.name for p in (entry.path / "blobs/sha256").iterdir())
+    assert sorted(p.name for p in (tmp_path / "store/blobs/sha256").iterdir()) == names
+    assert store.lock_path(entry.key) == (
+        tmp_path.resolve() / "store/locks" / f"{artifacts.key_hex(entry.key)}.lock")
+
+
+def test_a_live_process_of_another_user_keeps_its_work(tmp_path: Path) -> None:
+    """Asking whether a process of another user lives is refused (EPERM): it does live."""
+    if os.geteuid() != 0:
+        store = ArtifactStore(tmp_path / "store")
+        (store.tmp / "1-init").mkdir(parents=True)
+        store.cleanup()
+        assert (store.tmp / "1-init").is_dir()
+        return
+    # As root: clean up as nobody, in a store everyone may write, next to our own work.
+    shared = Path(tempfile.mkdtemp())
+    try:
+        shared.chmod(0o777)
+        store = ArtifactStore(shared / "store")
+        store.tmp.mkdir(parents=True)
+        store.tmp.chmod(0o777)
+        ours = store.tmp / f"{os.getpid()}-root"
+        ours.mkdir()
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child)
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                store.cleanup()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert ours.is_dir()
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_stray_file_in_tmp_does_not_stop_cleanup(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    store.tmp.mkdir(parents=True)
+    (store.tmp / "stray.txt").write_text("not a work directory")
+    mine = store.scratch()
+    assert mine.is_dir() and mine.parent == store.tmp
+
+
+def test_remove_clears_a_stray_file_where_an_entry_would_be(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    a = _add(store, tmp_path, "a", b"A" * 10)
+    stray = store.entry_root / artifacts.key_hex(key_of("stray"))
+    stray.write_text("not an entry")
+    assert store.get(key_of("stray")) is None
+    store.remove(key_of("stray"))
+    assert not stray.exists()
+    assert store.all_entries() == [a]
+
+
+def test_a_blob_another_process_shares_first_stays_this_entrys_copy(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    layer = b"the same layer built twice"
+    name = hashlib.sha256(layer).hexdigest()
+    theirs = tmp_path / "theirs"
+    theirs.write_bytes(layer)
+
+    def share_first(frame: FrameType) -> None:
+        # Right before this add shares its copy, the other process shares the same bytes.
+        dest, shared = frame.f_locals.get("dest"), frame.f_locals.get("shared")
+        if shared == store.blobs / name and dest is not None and dest.exists() \
+                and not shared.exists():
+            os.link(theirs, shared)
+
+    with _before_each("link", share_first):
+        entry = _add(store, tmp_path, "a", layer)
+    assert (store.blobs / name).stat().st_ino == theirs.stat().st_ino
+    own = entry.path / "blobs/sha256" / name
+    assert own.read_bytes() == layer and own.stat().st_ino != theirs.stat().st_ino
+    assert store.verify(entry.key) == entry
+
+
+def test_garbage_another_process_collected_first_is_passed_over(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    a = _add(store, tmp_path, "a", b"A" * 10)
+    b = _add(store, tmp_path, "b", b"B" * 10)
+    own = store.blobs / hashlib.sha256(b"A" * 10).hexdigest()
+    stats = _stats_of(own)
+
+    def collect_first(frame: FrameType) -> None:
+        if stats(frame) == 1:
+            own.unlink()
+
+    with _before_each("stat", collect_first):
+        store.remove(a.key)
+    assert store.get(a.key) is None and store.verify(b.key) == b
+    assert {p.name for p in store.blobs.iterdir()} == {
+        p.name for p in (b.path / "blobs/sha256").iterdir()}
+
+
+def test_size_counts_nothing_for_a_blob_removed_while_counting(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    layer = b"L" * 3000
+    entry = _add(store, tmp_path, "a", layer)
+    blob = entry.path / "blobs/sha256" / hashlib.sha256(layer).hexdigest()
+    stats = _stats_of(blob)
+
+    def remove_between(frame: FrameType) -> None:
+        if stats(frame) == 2:  # listed and seen to be a file, then removed
+            blob.unlink()
+
+    with _before_each("stat", remove_between):
+        assert store.size([entry]) == entry.size - len(layer)
+
+
+_FULL_DISK = """
+import sys
+from pathlib import Path
+from imageforge.artifacts import ArtifactStore
+from imageforge.errors import CacheError
+from tests.oci_layout import key_of, oci_layout
+disk = Path(sys.argv[1])
+store = ArtifactStore(disk / "store")
+layout = oci_layout(disk / "export", [b"layer" * 100])
+try:
+    with open(disk / "filler", "wb", buffering=0) as filler:
+        while True:
+            filler.write(bytes(4096))
+except OSError:
+    pass
+try:
+    store.add(key=key_of("x"), stage="efa", inputs={}, layout=layout, build_seconds=0)
+except CacheError as error:
+    print(error)
+"""
+
+
+def test_a_full_disk_is_named_as_the_store_root(tmp_path: Path) -> None:
+    """On a real, full 256 KiB tmpfs (mounted in a private user and mount namespace)."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-rm", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs unshare -rm (user and mount namespaces) for a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = 'mount -t tmpfs -o size=256k tmpfs "$1" && exec "$2" -c "$3" "$1"'
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", mount, "sh", str(disk), sys.executable, _FULL_DISK],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, check=False, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    root = ArtifactStore(disk / "store").root
+    assert proc.stdout == (
+        f"the disk holding {root} is full; free space there (e.g. `invoke cache.prune "
+        "--max-size 20G`) or point INVOKE_IMAGEFORGE_CACHE_DIR at a bigger disk, then run "
+        "again.\n")
+    # A full disk there says nothing about this one.
+    assert not any(disk.iterdir())

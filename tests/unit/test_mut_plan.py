@@ -5,6 +5,7 @@ targets a manifest defines, and the file name a URL is saved under."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,49 @@ def test_a_provided_target_is_refused(tmp_path: Path) -> None:
     assert str(info.value) == (f"{path}: --target efa: image.extends = 'registry.example/efa:1' "
                                "already has it; build a stage it lacks, or use that image as "
                                "it is.")
+
+
+def test_a_plan_names_its_target_when_a_stage_it_needs_has_no_table() -> None:
+    manifest = load(EFA_NCCL, registry=STAGES)
+    with pytest.raises(ManifestError) as info:
+        make_plan(manifest, "smddp", STAGES)
+    assert str(info.value) == (
+        f"{manifest.path}: target 'smddp' needs stage 'boost', which has no [stages.boost] "
+        "table; add one with at least: version.")
+
+
+def test_every_missing_required_key_is_named() -> None:
+    manifest = load(EFA_NCCL, registry=STAGES)
+    with pytest.raises(ManifestError) as info:
+        stage_inputs(manifest, STAGES["smddp"], "smddp")
+    assert str(info.value) == (
+        f"{manifest.path}: target 'smddp' needs stage 'smddp', which has no [stages.smddp] "
+        "table; add one with at least: version, url.")
+
+
+def test_stages_outside_the_graph_are_read_from_their_table_else_their_defaults() -> None:
+    manifest = load(EFA_NCCL, registry=STAGES)
+    plan = make_plan(manifest, "efa", STAGES)
+    assert [s.name for s in plan.stages] == ["base", "efa"]
+    assert plan.context.of("nccl") == dict(manifest.stages["nccl"])
+    assert plan.context.of("nccl-tests") == dict(manifest.stages["nccl-tests"])
+    assert plan.context.of("boost") == {k: f.default for k, f in STAGES["boost"].fields.items()}
+
+
+def test_the_key_is_sha256_of_the_canonical_ascii_json_of_its_document() -> None:
+    """Keys name artifacts in every cache: the document and its canonical form must not
+    drift (non-ASCII text escaped, keys sorted, no spaces)."""
+    manifest = load(EFA_NCCL, registry=STAGES)
+    image = {**manifest.image, "base": "ubuntu:22.04", "base_digest": "sha256:d",
+             "base_image_id": "sha256:i", "platform": "linux/arm64"}
+    key = stage_key(name="s", recipe="RUN echo caf\u00e9", inputs={"v": "\u00e9"},
+                    manifest=dataclasses.replace(manifest, image=image),
+                    dep_keys={"b": "k2", "a": "k1"})
+    canonical = ('{"base":{"digest":"sha256:d","id":"sha256:i","ref":"ubuntu:22.04"},'
+                 '"deps":{"a":"k1","b":"k2"},"inputs":{"v":"\\u00e9"},'
+                 '"platform":"linux/arm64","recipe":"RUN echo caf\\u00e9","stage":"s"}')
+    assert key == "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    other = {**image, "base_digest": "sha256:e"}
+    assert stage_key(name="s", recipe="RUN echo caf\u00e9", inputs={"v": "\u00e9"},
+                     manifest=dataclasses.replace(manifest, image=other),
+                     dep_keys={"b": "k2", "a": "k1"}) != key

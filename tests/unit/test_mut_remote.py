@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,13 @@ def test_exists_reads_the_last_line_of_any_error_even_undecodable(docker: Path) 
     with pytest.raises(remote.RemoteUnavailable) as info:
         remote.Remote(repository="reg.io:5000/cache").exists("efa", KEY)
     assert str(info.value) == "third line"
+
+
+def test_exists_gives_up_on_a_registry_that_does_not_answer_in_time(docker: Path) -> None:
+    # A docker that hangs (a registry that accepts the connection and never answers).
+    (docker / "bin" / "docker").write_text("#!/bin/sh\nexec sleep 5\n")
+    started = time.monotonic()
+    with pytest.raises(remote.RemoteUnavailable) as info:
+        remote.Remote(repository="reg.io:5000/cache").exists("efa", KEY, timeout=0.25)
+    assert str(info.value) == "reg.io:5000 did not answer within 0.25 s"
+    assert time.monotonic() - started < 4

@@ -1,0 +1,39 @@
+"""A stage's Dockerfile block (imageforge/render.py) when the caller passes no memo of the
+stages' search paths: render_stage asks each stage for them with the plan's context, and the
+block is the same as with make_plan's memo."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from imageforge.render import render_stage
+from imageforge.stage import Context, Stage
+
+BASE = Stage(name="base", doc="the base image", deps=(), fields={}, recipe=lambda ctx: "",
+             parent=None)
+LIB = Stage(name="lib", doc="a library", deps=(), fields={}, recipe=lambda ctx: "RUN make",
+            env_paths=lambda ctx: {"PATH": [f"/opt/lib-{ctx.of('lib')['version']}/bin"],
+                                   "LD_LIBRARY_PATH": ["/opt/lib/lib"]})
+APP = Stage(name="app", doc="an image", deps=("lib",), fields={}, recipe=lambda ctx: "RUN app",
+            image=True)
+REGISTRY = {"base": BASE, "lib": LIB, "app": APP}
+CONTEXT = Context(image={"base": "ubuntu:22.04"}, stages={"lib": {"version": "2.1"}})
+
+
+def test_without_a_memo_each_stage_gives_its_paths_for_the_context() -> None:
+    block = render_stage(APP, CONTEXT, REGISTRY)
+    assert block == (
+        "FROM base AS app\n"
+        "COPY --from=lib /out/ /\n"
+        'ENV LD_LIBRARY_PATH="/opt/lib/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \\\n'
+        '    PATH="/opt/lib-2.1/bin${PATH:+:${PATH}}"\n'
+        "RUN app\n")
+
+
+def test_a_memo_gives_the_same_block() -> None:
+    memo: dict[str, Mapping[str, Sequence[str]]] = {}
+
+    def paths_of(name: str) -> Mapping[str, Sequence[str]]:
+        return memo.setdefault(name, REGISTRY[name].env_paths(CONTEXT))
+
+    assert render_stage(APP, CONTEXT, REGISTRY, paths_of) == render_stage(APP, CONTEXT, REGISTRY)
