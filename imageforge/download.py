@@ -231,7 +231,11 @@ def _fetch(
     on_progress: Progress | None,
     session: requests.Session | None,
 ) -> None:
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as exc:       # e.g. an unclosed "[" of an IPv6 host
+        raise SourceError(f"cannot download {redact(url)}: not a valid URL ({exc}); fix it "
+                          "in the manifest") from None
     if scheme in ("http", "https"):
         _fetch_http(url, sink, timeout=timeout, policy=policy, on_progress=on_progress,
                     session=session)

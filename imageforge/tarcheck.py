@@ -63,7 +63,9 @@ def _scan(members: Iterable[tarfile.TarInfo], dest: str) -> tuple[str, str] | No
     # symlinks before them) -> target.
     links: dict[str, str] = {}
     for member in members:
-        parts = member.name.split("/")
+        # tarfile extracts "a/b/" as "a/b": a trailing slash must not move a symlink one
+        # directory down (a link "a/b/" -> "../.." was judged from inside a/b, so allowed).
+        parts = member.name.rstrip("/").split("/")
         why = _problem(member)
         parent = _resolve(parts[:-1], links) if why is None else None
         if why is None and parent is None:
@@ -77,7 +79,7 @@ def _scan(members: Iterable[tarfile.TarInfo], dest: str) -> tuple[str, str] | No
                 why = f"is refused by tarfile's data filter ({exc})"
         if why is not None:
             return member.name, why
-        if member.issym() and parts[-1] not in ("", "."):
+        if member.issym() and parts[-1] != ".":
             links["/".join([*(parent or []), parts[-1]])] = member.linkname
     # A link made harmless only by the order of members (a directory on its way became a
     # symlink later) still points out once everything is unpacked.

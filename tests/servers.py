@@ -20,6 +20,7 @@ import itertools
 import re
 import select
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -122,6 +123,26 @@ class ScriptedServer:
     def ranges(self, path: str) -> list[str | None]:
         return [seen.range for seen in self.requests_for(path)]
 
+    @property
+    def connections(self) -> int:
+        """TCP connections accepted so far: a kept-alive connection counts once."""
+        return self._httpd.accepted
+
+    def wait_closed(self, count: int, timeout: float) -> bool:
+        """Wait until the server has closed `count` connections (after the client hung up or
+        the route ended it); False when `timeout` seconds pass first."""
+        httpd = self._httpd
+        with httpd.changed:
+            return httpd.changed.wait_for(lambda: httpd.closed >= count, timeout)
+
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """Speak HTTPS from now on (call before entering); see `https_url`. A client that
+        refuses the certificate ends the handshake, and the server then sees no request."""
+        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+
+    def https_url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.port}{path}"
+
     def gaps(self, path: str) -> list[float]:
         """Seconds between consecutive requests for `path`, as the server received them."""
         times = [seen.at for seen in self.requests_for(path)]
@@ -133,6 +154,22 @@ class _QuietServer(ThreadingHTTPServer):
         # Clients that hang up early are part of the script, not a failure of the server.
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accepted = 0  # connections accepted (counted by the serving thread)...
+        self.closed = 0  # ...and closed once their handler is done
+        self.changed = threading.Condition()
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        self.accepted += 1
+        return True
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        with self.changed:
+            self.closed += 1
+            self.changed.notify_all()
 
 
 @dataclass

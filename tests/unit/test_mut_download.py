@@ -32,6 +32,8 @@ SHA = hashlib.sha256(BODY).hexdigest()
     ("https://h/x?v=1&secret=", "https://h/x?v=1&secret=***"),
     ("https://h/x?a=1&&b=2", "https://h/x?a=1&&b=2"),
     ("https://h/x?tok=1", "https://h/x?tok=1"),
+    ("https://h/x?token=a=b", "https://h/x?token=***"),
+    ("https://h/x?v=token=1", "https://h/x?v=token=1"),
 ])
 def test_redact_hides_user_info_and_secret_query_values_only(url: str, shown: str) -> None:
     assert dl.redact(url) == shown
@@ -107,7 +109,7 @@ def test_an_unsupported_scheme_is_named_with_the_url_redacted(tmp_path: Path) ->
                                "https://, http://, file:// or a local path")
 
 
-def _response(status: int = 200, **headers: str) -> requests.Response:
+def _response(status: int = 200, /, **headers: str) -> requests.Response:
     response = requests.Response()
     response.status_code = status
     response.headers = CaseInsensitiveDict(headers)
@@ -284,5 +286,25 @@ def test_the_user_agent_names_the_installed_version(monkeypatch: pytest.MonkeyPa
     def not_installed(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(dl.metadata, "version", not_installed)
+    monkeypatch.setattr(metadata, "version", not_installed)
     assert dl._user_agent() == "imageforge/unknown"
+
+
+def test_a_416_to_a_resumed_request_restarts_from_the_first_byte(tmp_path: Path) -> None:
+    t = _transfer(tmp_path, b"x" * 10, total=100)
+    t.resumable = True
+    response = _response(416)
+    response.reason = "Range Not Satisfiable"
+    with pytest.raises(dl._Transient) as transient:
+        dl._check_status(response, t)
+    assert transient.value.reason == "the server refused to resume the download"
+    assert transient.value.retry_after is None
+    assert t.sink.received == 0
+
+
+def test_a_206_makes_the_body_resumable_without_accept_ranges(tmp_path: Path) -> None:
+    t = _transfer(tmp_path, b"x" * 10, total=100)
+    dl._start_body(_response(206, **{"Content-Range": "bytes 10-99/100"}), t)
+    assert (t.sink.received, t.total, t.resumable) == (10, 100, True)
+    t.sink.write(b"y" * 5)
+    assert dl._request_headers(t)["Range"] == "bytes=15-"

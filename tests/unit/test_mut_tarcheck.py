@@ -147,3 +147,27 @@ def test_a_member_behind_a_looping_symlink_is_refused(tmp_path: Path) -> None:
 def test_a_member_of_an_unknown_type_is_a_special_file(tmp_path: Path) -> None:
     odd = _tar(tmp_path / "odd.tar", ("v", b"Z", "", b""))
     assert first_problem(odd) == ("v", "is a special file")
+
+
+def test_a_symlink_named_dir_dot_is_no_link_through_which_later_members_resolve(
+        tmp_path: Path) -> None:
+    # "d/." names the directory d itself: tar cannot make it a symlink (it fails on it), so
+    # its target is never followed, also once d itself becomes a harmless link to ".".
+    archive = _links(tmp_path / "dot.tar", ("d/.", "../x"), ("d", "."))
+    assert first_problem(archive) is None
+
+
+def test_a_trailing_slash_does_not_move_a_symlink_into_its_own_directory(
+        tmp_path: Path) -> None:
+    # tarfile extracts a symlink member "a/b/" as a/b (data filter and all): "../.." from a/
+    # leaves the tree, though from inside a/b it would not.
+    out = _links(tmp_path / "out.tar", ("a/b/", "../.."))
+    assert first_problem(out) == ("a/b/", "is a symlink to '../..', outside the archive's tree")
+    inside = _tar(tmp_path / "in.tar", ("a/x", None, None, b"x"),
+                  ("a/b/", tarfile.SYMTYPE, "x", b""))
+    assert first_problem(inside) is None
+    # Later members resolve through it from where it really is: a/b -> .. is the root, so
+    # a/b/c -> ../x leaves the tree.
+    through = _tar(tmp_path / "through.tar", ("a/b/", tarfile.SYMTYPE, "..", b""),
+                   ("a/b/c", tarfile.SYMTYPE, "../x", b""))
+    assert first_problem(through) == ("a/b/c", "is a symlink to '../x', outside the archive's tree")
