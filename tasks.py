@@ -512,7 +512,9 @@ def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
                          "one (default 1.2)",
           "report": "directory for nightly.json, nightly.md and nightly.xml (JUnit)",
           "webhook": "URL to POST the summary to (default imageforge.webhook)",
-          "remote": REMOTE_HELP},
+          "remote": REMOTE_HELP,
+          "matrix": "every image of this matrix file ([[image]] tables), one report; a "
+                    "stage key the images share is built once"},
     iterable=["set"],
 )
 @boundary
@@ -520,7 +522,7 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
             target: str | None = None, push: bool = False, repository: str | None = None,
             channel: str = "golden", tag_template: str | None = None,
             size_budget: str = "1.2", report: str | None = None, webhook: str | None = None,
-            remote: str | None = None) -> None:
+            remote: str | None = None, matrix: str | None = None) -> None:
     """lock --upgrade, rebuild what changed, test-image, push a dated tag, promote."""
     from imageforge.nightly import NightlyOptions, run
 
@@ -531,6 +533,13 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
         channel=channel, template=tag_template, size_budget=ratio("size-budget", size_budget),
         report_dir=Path(report) if report else None,
         webhook=webhook or config.get("webhook") or os.environ.get("IMAGEFORGE_WEBHOOK_URL"))
+    if matrix:
+        if manifest or set or target or tag_template:
+            raise UsageError("nightly --matrix: the matrix file names each image's manifest, "
+                             "--set overrides, target and tag; drop --manifest, --set, --target "
+                             "and --tag-template.")
+        matrix_nightly(c, matrix, options, remote)
+        return
     result = run(settings(c, manifest, set, remote=remote), options)
     print(f"nightly {result.target}: {result.status}"
           + (f"; promoted {result.promoted}" if result.promoted else ""))
@@ -538,6 +547,24 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
         from imageforge.nightly import markdown
 
         write_output("$GITHUB_STEP_SUMMARY", summary_file, markdown(result), append=True)
+
+
+def matrix_nightly(c: Context, file: str, options: Any, remote: str | None) -> None:
+    from imageforge import matrix as matrix_mod
+    from imageforge.nightly import MatrixImage, matrix_markdown, run_matrix
+
+    images = [MatrixImage(settings=settings(c, str(e.manifest), list(e.overrides), remote=remote),
+                          target=e.target, tag=e.tag, label=e.label)
+              for e in matrix_mod.load(Path(file))]
+    result = run_matrix(file, images, options)
+    for image in result.images:
+        print(f"nightly {image.manifest} {image.target}: {image.status}"
+              + (f"; promoted {image.promoted}" if image.promoted else ""))
+    print(f"{len(result.images)} images: {result.status}; {len(result.built_keys)} stage "
+          f"builds, {len(set(result.built_keys))} distinct keys")
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary_file:
+        write_output("$GITHUB_STEP_SUMMARY", summary_file, matrix_markdown(result), append=True)
 
 
 @task(help={"image": "image by digest, REPOSITORY@sha256:...",

@@ -27,7 +27,7 @@ from imageforge import remote as remote_mod
 from imageforge.build import BuildOptions, build
 from imageforge.cmd import docker
 from imageforge.download import redact
-from imageforge.errors import FatalError, RegistryError
+from imageforge.errors import FatalError, RegistryError, UsageError
 from imageforge.jsonfile import read_object
 
 T = TypeVar("T")
@@ -62,6 +62,7 @@ class Nightly:
     steps: list[Step] = dataclasses.field(default_factory=list)
     lock_changes: list[str] = dataclasses.field(default_factory=list)
     rebuilt: list[str] = dataclasses.field(default_factory=list)
+    built_keys: list[str] = dataclasses.field(default_factory=list)
     image: dict[str, Any] = dataclasses.field(default_factory=dict)
     promoted: str | None = None
     error: str | None = None
@@ -83,9 +84,12 @@ class Nightly:
 def run(settings: project.Settings, options: NightlyOptions) -> Nightly:
     target = options.target or project.default_target(settings)
     report = Nightly(manifest=project.manifest_label(settings.manifest), target=target,
-                     started=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                     started=_now())
     try:
-        _run(settings, options, report)
+        with report.step("lock --upgrade") as step:
+            _, report.lock_changes = project.write_lock(settings, upgrade=True)
+            step.detail = "; ".join(report.lock_changes) or "no pin moved"
+        _image(dataclasses.replace(settings, locked=True), options, report)
     except FatalError as exc:
         report.status, report.error = "failed", str(exc)
         raise
@@ -94,12 +98,13 @@ def run(settings: project.Settings, options: NightlyOptions) -> Nightly:
     return report
 
 
-def _run(settings: project.Settings, options: NightlyOptions, report: Nightly) -> None:
-    with report.step("lock --upgrade") as step:
-        _, report.lock_changes = project.write_lock(settings, upgrade=True)
-        step.detail = "; ".join(report.lock_changes) or "no pin moved"
-    locked = dataclasses.replace(settings, locked=True)
-    planned = project.plan(locked, report.target)
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _image(settings: project.Settings, options: NightlyOptions, report: Nightly) -> None:
+    """Build (what changed), test, budget, push and promote one image whose lock is settled."""
+    planned = project.plan(settings, report.target)
     state_path = _state_path(settings, planned.manifest.image.get("name") or report.target,
                              options.channel)
     last = read_object(state_path)
@@ -112,12 +117,13 @@ def _run(settings: project.Settings, options: NightlyOptions, report: Nightly) -
         return
     tag = golden.tag_for(planned, options.template, repository=options.repository)
     with report.step("build") as step:
-        result = build(locked, BuildOptions(target=report.target, tag=tag, progress="plain"))
+        result = build(settings, BuildOptions(target=report.target, tag=tag, progress="plain"))
         assert result is not None
         report.rebuilt = result.rebuilt
+        report.built_keys = [s.key for s in result.stages if s.state == "built"]
         step.detail = "rebuilt: " + (", ".join(result.rebuilt) or "nothing")
     with report.step("test-image") as step:
-        step.detail = _test(locked, tag)
+        step.detail = _test(settings, tag)
     digest = _local_digest(tag)
     size = golden.image_size(tag)
     report.image = {"tag": tag, "digest": digest, "size": size}
@@ -140,6 +146,92 @@ def _run(settings: project.Settings, options: NightlyOptions, report: Nightly) -
     _write_json(state_path, {"key": planned.key, "ref": tag, "digest": digest, "size": size,
                              "promoted": report.promoted, "date": report.started})
     report.status = "ok"
+
+
+# ---- a matrix ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MatrixImage:
+    settings: project.Settings         # the image's manifest with its --set overrides
+    target: str | None
+    tag: str | None
+    label: str
+
+
+@dataclasses.dataclass
+class MatrixNightly:
+    file: str
+    started: str
+    status: str = "running"            # up-to-date | ok | failed
+    lock_changes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    images: list[Nightly] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def built_keys(self) -> list[str]:
+        return [key for image in self.images for key in image.built_keys]
+
+
+def run_matrix(file: str, images: list[MatrixImage], options: NightlyOptions) -> MatrixNightly:
+    """The nightly of every image of a matrix: each manifest's lock is upgraded once (without
+    an image's overrides: they pin what they set), then each image is built, tested and
+    promoted as `nightly` does one. A stage key several images share is built once (the
+    artifact cache holds it after the first). An image that fails does not stop the others;
+    the run fails with the first failure once all are done."""
+    _distinct_channels(images)
+    report = MatrixNightly(file=file, started=_now())
+    first: FatalError | None = None
+    try:
+        for manifest in dict.fromkeys(image.settings.manifest for image in images):
+            base = dataclasses.replace(images[0].settings, manifest=manifest, overrides=())
+            _, report.lock_changes[project.manifest_label(manifest)] = project.write_lock(
+                base, upgrade=True)
+        for image in images:
+            settings = dataclasses.replace(image.settings,
+                                           locked=not image.settings.overrides)
+            one = Nightly(manifest=image.label, target=image.target
+                          or project.default_target(settings), started=_now())
+            one.lock_changes = report.lock_changes[project.manifest_label(
+                image.settings.manifest)]
+            report.images.append(one)
+            try:
+                _image(settings, _options_for(image, options), one)
+            except FatalError as exc:
+                one.status, one.error = "failed", str(exc)
+                first = first or exc
+        if first is not None:
+            raise first
+        report.status = ("up to date" if all(i.status == "up to date" for i in report.images)
+                         else "ok")
+    except FatalError as exc:
+        report.status, report.error = "failed", str(exc)
+        raise
+    finally:
+        _publish_matrix(report, options)
+    return report
+
+
+def _options_for(image: MatrixImage, options: NightlyOptions) -> NightlyOptions:
+    """An image with a tag keeps it, and its channel tag is `<tag>-<channel>` (two variants of
+    one repository must not promote the same channel tag)."""
+    if not image.tag:
+        return dataclasses.replace(options, target=image.target)
+    last = image.tag.rsplit("/", 1)[-1]
+    suffix = last.split(":", 1)[1] if ":" in last else "latest"
+    return dataclasses.replace(options, target=image.target, template=image.tag,
+                               channel=f"{suffix}-{options.channel}")
+
+
+def _distinct_channels(images: list[MatrixImage]) -> None:
+    seen: dict[tuple[str, str | None], str] = {}
+    for image in images:
+        if image.tag:
+            continue
+        key = (str(image.settings.manifest), image.target)
+        if key in seen:
+            raise UsageError(f"matrix images {seen[key]!r} and {image.label!r} would promote "
+                             "the same channel tag; give each a tag in the matrix file.")
+        seen[key] = image.label
 
 
 def _test(settings: project.Settings, image: str) -> str:
@@ -238,6 +330,32 @@ def _publish(report: Nightly, options: NightlyOptions) -> None:
         (options.report_dir / "nightly.xml").write_text(junit(report))
     if options.webhook:
         notify(options.webhook, report)
+
+
+def matrix_markdown(report: MatrixNightly) -> str:
+    lines = [f"# imageforge nightly over {report.file} — {report.status}", "",
+             f"{len(report.images)} images; {len(report.built_keys)} stage builds, "
+             f"{len(set(report.built_keys))} distinct keys.", ""]
+    return "\n".join(lines) + "\n".join(markdown(image) for image in report.images)
+
+
+def matrix_junit(report: MatrixNightly) -> str:
+    suites = ET.Element("testsuites", name=f"imageforge nightly {report.file}")
+    for image in report.images:
+        suites.append(ET.fromstring(junit(image).split("?>", 1)[1]))
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _publish_matrix(report: MatrixNightly, options: NightlyOptions) -> None:
+    if options.report_dir is not None:
+        options.report_dir.mkdir(parents=True, exist_ok=True)
+        document = {**dataclasses.asdict(report), "built_keys": report.built_keys}
+        (options.report_dir / "nightly.json").write_text(json.dumps(document, indent=2) + "\n")
+        (options.report_dir / "nightly.md").write_text(matrix_markdown(report))
+        (options.report_dir / "nightly.xml").write_text(matrix_junit(report))
+    if options.webhook:
+        for image in report.images:
+            notify(options.webhook, image)
 
 
 def notify(url: str, report: Nightly) -> None:

@@ -277,6 +277,7 @@ class SecondDockerd:
         self.subnet = f"10.213.{int(run[:2], 16)}.1/24"
         self.process: subprocess.Popen[bytes] | None = None
         (root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}')
+        self.rules: list[list[str]] = []
 
     @property
     def env(self) -> dict[str, str]:
@@ -298,6 +299,8 @@ class SecondDockerd:
                             ["ip", "addr", "add", self.subnet, "dev", self.bridge],
                             ["ip", "link", "set", self.bridge, "up"]):
                 subprocess.run(command, check=True, capture_output=True)
+        if not self.rules:
+            self.route_out()
         log = (self.root / "log").open("a")
         self.process = subprocess.Popen(
             ["dockerd", "--host", f"unix://{self.socket}", "--data-root",
@@ -315,6 +318,23 @@ class SecondDockerd:
             assert time.monotonic() < deadline, "the second dockerd did not start"
             time.sleep(0.3)
 
+    def route_out(self) -> None:
+        """NAT for its bridge, as the host engine has for docker0 (this one runs with
+        --iptables=false so that it never rewrites the host's chains): its build steps reach
+        Debian's mirror and PyPI like any CI runner's. Only these rules, tagged with its name,
+        are added, and `stop` deletes them."""
+        network = self.subnet.rsplit(".", 1)[0] + ".0/24"
+        tag = ["-m", "comment", "--comment", self.name]
+        for table, chain, rule in (
+                ("nat", "POSTROUTING", ["-s", network, "!", "-o", self.bridge,
+                                        "-j", "MASQUERADE"]),
+                ("filter", "FORWARD", ["-i", self.bridge, "-j", "ACCEPT"]),
+                ("filter", "FORWARD", ["-o", self.bridge, "-m", "conntrack", "--ctstate",
+                                       "RELATED,ESTABLISHED", "-j", "ACCEPT"])):
+            subprocess.run(["iptables", "-t", table, "-I", chain, *rule, *tag], check=True,
+                           capture_output=True)
+            self.rules.append(["iptables", "-t", table, "-D", chain, *rule, *tag])
+
     def kill(self, signum: int = signal.SIGKILL) -> None:
         """Stop the engine like a crash (SIGKILL) or `systemctl stop` (SIGTERM)."""
         assert self.process is not None
@@ -329,6 +349,9 @@ class SecondDockerd:
         for target in sorted(self.mounts(), reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        for rule in self.rules:
+            subprocess.run(rule, capture_output=True, check=False)
+        self.rules = []
         self.forget()
 
     def forget(self) -> None:
