@@ -17,14 +17,13 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge import diskfull
+from imageforge import diskfull, log
 from imageforge.errors import CacheError
 from imageforge.keylock import locked
 
@@ -103,9 +102,8 @@ class ArtifactStore:
             if fresh != stamps:
                 _write_json(stamps_path, fresh)
             return entry
-        print(f"imageforge: warning: cached artifact of {entry.stage} ({key[:19]}) is corrupt "
-              f"({len(bad)} bad blob(s)); discarding it, the stage will be rebuilt.",
-              file=sys.stderr)
+        log.warning(f"cached artifact of {entry.stage} ({key[:19]}) is corrupt "
+                    f"({len(bad)} bad blob(s)); discarding it, the stage will be rebuilt.")
         for blob in bad:
             (self.blobs / blob.name).unlink(missing_ok=True)
         self.remove(key)

@@ -10,24 +10,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import bakefail, codedir, extends, project, rules
+from imageforge import bakefail, codedir, extends, log, project, rules
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
-from imageforge.cmd import docker, docker_binary
+from imageforge.cmd import docker, docker_binary, popen, run
 from imageforge.docker import LABEL_PREFIX, ensure_ready
 from imageforge.dockerfile import CA_BUNDLE_SECRET
-from imageforge.errors import BuildError, CacheError, Interrupted, LockError
+from imageforge.errors import (
+    BuildError,
+    CacheError,
+    DockerError,
+    FatalError,
+    Interrupted,
+    LockError,
+)
 from imageforge.execute import LayerCache, Run, bake_file, make_run, reused, to_build
 from imageforge.jsonfile import read_object
 from imageforge.keylock import locked_all
@@ -82,9 +87,8 @@ def project_revision() -> str:
     """The git revision of the imageforge checkout that renders the recipes."""
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=False)
-    except OSError:
+        head = run(["git", "-C", str(root), "rev-parse", "HEAD"], text=True, timeout=10)
+    except (FatalError, subprocess.TimeoutExpired):     # no git, or a hung file system
         return "unknown"
     return head.stdout.strip() if head.returncode == 0 else "unknown"
 
@@ -140,7 +144,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
     planned = project.plan(settings, options.target, remote=remote,
                            resolve=not options.dry_run)
     for warning in planned.warnings():
-        print(f"imageforge: warning: {warning}", file=sys.stderr)
+        log.warning(warning)
     if options.expect_key and planned.key != options.expect_key:
         raise LockError(f"--expect-key: {options.target}'s key is {planned.key}, not "
                         f"{options.expect_key}: the manifest, its lock or the --set overrides "
@@ -336,8 +340,7 @@ def _absolute_if_local(location: str) -> str:
 def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *,
               cache: Path, push: str | None) -> None:
     other: list[str] = []
-    with progress, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env={**os.environ, **env}) as proc:
+    with progress, popen(argv, env=env, error=DockerError) as proc:
         assert proc.stderr is not None
         try:
             for status in read_statuses(proc.stderr, other):
@@ -430,10 +433,10 @@ def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote) ->
     scratch = store.scratch()
     try:
         (scratch / "bake.json").write_text(json.dumps(bake))
-        proc = subprocess.run(
-            [docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
-             "--progress", "quiet"],
-            capture_output=True, env={**os.environ, **remote.env}, check=False, timeout=3600)
+        proc = run([docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
+                    "--progress", "quiet"], env=remote.env, timeout=3600, error=CacheError,
+                   timed_out=f"moving artifacts to or from {remote.repository} took over an "
+                             "hour; check the registry and run again.")
         if proc.returncode == 0:
             return None
         output = proc.stderr.decode(errors="replace")

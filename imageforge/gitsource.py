@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from filelock import FileLock
 
+from imageforge.cmd import run
 from imageforge.download import redact
 from imageforge.errors import LockError, SourceError
 
@@ -237,15 +238,8 @@ def _git_env(config: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def _git(args: Sequence[str], *, cwd: Path | None = None,
          config: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    try:
-        return subprocess.run(
-            ["git", *GIT_CONFIG, *args], cwd=cwd, env=_git_env(config), stdin=subprocess.DEVNULL,
-            capture_output=True, check=False,
-        )
-    except FileNotFoundError:
-        raise SourceError(
-            "git is not installed or not on PATH; install git and run again"
-        ) from None
+    return run(["git", *GIT_CONFIG, *args], cwd=cwd, env=_git_env(config), timeout=None,
+               error=SourceError, missing="install git and run again")
 
 
 def _run(repo: str, args: Sequence[str], failure: str, *, cwd: Path | None = None,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
+from imageforge.cmd import run
 from imageforge.errors import FatalError, UsageError
 from imageforge.plan import Plan
 
@@ -41,7 +41,7 @@ def write_graph(plan: Plan, path: Path) -> None:
     if program is None:
         raise UsageError(f"--graph {path}: rendering {suffix} needs Graphviz's `dot`; install "
                          "graphviz (apt-get install graphviz) or write a .dot file instead.")
-    result = subprocess.run([program, f"-T{suffix[1:]}", "-o", str(path)], input=dot.encode(),
-                            capture_output=True, check=False)
+    result = run([program, f"-T{suffix[1:]}", "-o", str(path)], input=dot.encode(),
+                 error=UsageError)
     if result.returncode != 0:
         raise FatalError(f"--graph {path}: dot failed: {result.stderr.decode().strip()}")

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from imageforge import log
 from imageforge.errors import CacheError
 
 
@@ -29,8 +29,7 @@ def locked(path: Path, *, shared: bool, timeout: float = 3600, what: str = "") -
                 break
             except BlockingIOError:
                 if not told and what:
-                    print(f"imageforge: waiting for another imageforge process using {what}",
-                          file=sys.stderr, flush=True)
+                    log.note(f"waiting for another imageforge process using {what}")
                     told = True
                 if time.monotonic() > deadline:
                     raise CacheError(f"gave up after {timeout:.0f} s waiting for the lock of "

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from imageforge import golden, project
+from imageforge import golden, log, project
 from imageforge import remote as remote_mod
 from imageforge.build import BuildOptions, build
 from imageforge.cmd import docker
@@ -367,7 +367,7 @@ def notify(url: str, report: Nightly) -> None:
     except (requests.RequestException, _ServerError) as exc:
         # The exception text repeats the URL, token and all: name only its kind.
         detail = str(exc) if isinstance(exc, _ServerError) else type(exc).__name__
-        print(f"imageforge: warning: webhook {redact(url)} failed: {detail}")
+        log.warning(f"webhook {redact(url)} failed: {detail}")
 
 
 class _ServerError(Exception):

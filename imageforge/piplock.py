@@ -20,12 +20,11 @@ re-resolved when they change or under `lock --upgrade`.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from imageforge import cabundle
+from imageforge import cabundle, cmd
 from imageforge.dockerfile import CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT, USE_CA_BUNDLE, run, sh
 from imageforge.errors import LockError, SourceError
 from imageforge.manifest import Manifest
@@ -67,12 +66,10 @@ def resolve(stage: str, wanted: Sequence[str], *, python: str, platform: str,
     if bundle:
         # The same bundle builds get: behind a TLS-intercepting proxy PyPI needs it here too.
         env["SSL_CERT_FILE"] = str(bundle)
-    try:
-        result = subprocess.run(argv, input="\n".join(wanted) + "\n", capture_output=True,
-                                text=True, env=env, timeout=TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise SourceError(f"stages.{stage}: resolving its pip requirements at {index_url} took "
-                          f"over {TIMEOUT_S} s; check the network and retry.") from None
+    result = cmd.run(argv, input="\n".join(wanted) + "\n", text=True, env=env, timeout=TIMEOUT_S,
+                 error=SourceError,
+                 timed_out=f"stages.{stage}: resolving its pip requirements at {index_url} took "
+                           f"over {TIMEOUT_S} s; check the network and retry.")
     if result.returncode != 0:
         raise _failure(stage, wanted, python, index_url, result.stderr)
     return parse(result.stdout)

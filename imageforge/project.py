@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from imageforge import codedir, compat, extends, localimages, lock, pinned, rules
+from imageforge import codedir, compat, extends, localimages, lock, log, pinned, rules
 from imageforge import manifest as manifest_mod
 from imageforge import mirror as mirror_mod
 from imageforge.artifacts import ArtifactStore
@@ -90,7 +89,7 @@ def _tell_stale(path: Path, current: lock.Lock | None, settled: lock.Settled, *,
     what = (f"no {path.name}: its {len(settled.stale)} pins are" if current is None else
             f"{path.name}: {len(settled.stale)} stale entries "
             f"({', '.join(lock.name(p) for p in settled.stale)})")
-    print(f"imageforge: {what} {how}; `invoke lock` records them.", file=sys.stderr)
+    log.note(f"{what} {how}; `invoke lock` records them.")
 
 
 def local_ids(settings: Settings, mode: localimages.Mode) -> lock.LocalId:

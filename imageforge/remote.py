@@ -13,15 +13,14 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from imageforge import log
 from imageforge.artifacts import key_hex
-from imageforge.cmd import docker_binary
+from imageforge.cmd import docker_binary, run
 from imageforge.errors import CacheError
 
 _REPOSITORY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+")
@@ -57,13 +56,10 @@ class Remote:
     def exists(self, stage: str, key: str, *, timeout: float = INSPECT_TIMEOUT) -> bool:
         """Whether the artifact is in the registry; RemoteUnavailable when it cannot tell
         (also when docker has not answered within `timeout` seconds)."""
-        try:
-            proc = subprocess.run(
-                [docker_binary(), "buildx", "imagetools", "inspect", self.ref(stage, key),
-                 "--format", "{{json .Manifest.Digest}}"],
-                capture_output=True, timeout=timeout, env={**os.environ, **self.env}, check=False)
-        except subprocess.TimeoutExpired:
-            raise RemoteUnavailable(f"{self.host} did not answer within {timeout:g} s") from None
+        proc = run([docker_binary(), "buildx", "imagetools", "inspect", self.ref(stage, key),
+                    "--format", "{{json .Manifest.Digest}}"], timeout=timeout, env=self.env,
+                   error=RemoteUnavailable,
+                   timed_out=f"{self.host} did not answer within {timeout:g} s")
         if proc.returncode == 0:
             return True
         error = proc.stderr.decode(errors="replace").strip().lower()
@@ -150,11 +146,11 @@ def _write_config(config: Path, hosts: Sequence[str], user: str, password: str) 
 
 
 def warn_unavailable(remote: Remote, why: str) -> None:
-    print(f"imageforge: warning: remote cache {remote.repository} is unreachable ({why}); "
-          "continuing with the local cache only.", file=sys.stderr)
+    log.warning(f"remote cache {remote.repository} is unreachable ({why}); continuing with "
+                "the local cache only.")
 
 
 def warn_push_failed(remote: Remote, count: int, why: str) -> None:
-    print(f"imageforge: warning: pushing {count} artifact(s) to the remote cache "
-          f"{remote.repository} failed ({why}); the build stands, push them later with "
-          f"`invoke cache.push --remote {remote.repository}`.", file=sys.stderr)
+    log.warning(f"pushing {count} artifact(s) to the remote cache {remote.repository} failed "
+                f"({why}); the build stands, push them later with "
+                f"`invoke cache.push --remote {remote.repository}`.")

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from imageforge import cmd
 from imageforge.cmd import docker_binary
 from imageforge.docker import ensure_daemon
 from imageforge.errors import DockerError, TrainingJobError, UsageError
@@ -328,13 +329,10 @@ def ensure_image(image: str) -> None:
 
 
 def _quiet(*args: str) -> subprocess.CompletedProcess[bytes]:
-    try:
-        # Own session: a second Ctrl-C on the terminal must not kill the clean-up's calls.
-        return subprocess.run([docker_binary(), *args], capture_output=True, check=False,
-                              timeout=120, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        raise DockerError(f"`docker {args[0]}` did not answer within 120 s; check the Docker "
-                          "daemon (docker info) and retry.") from None
+    # Own session: a second Ctrl-C on the terminal must not kill the clean-up's calls.
+    return cmd.run([docker_binary(), *args], timeout=120, own_session=True, error=DockerError,
+               timed_out=f"`docker {args[0]}` did not answer within 120 s; check the Docker "
+                         "daemon (docker info) and retry.")
 
 
 @contextlib.contextmanager
@@ -407,9 +405,9 @@ class _Job:
     def start(self) -> None:
         for h in self.hosts:
             # Attached start: its output is the container's log, its end the container's.
-            client = subprocess.Popen([docker_binary(), "start", "--attach", h.container],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+            client = cmd.popen([docker_binary(), "start", "--attach", h.container],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               own_session=True, error=DockerError)
             self.clients[h.host] = client
             assert client.stdout is not None
             reader = threading.Thread(target=self._stream, args=(h.host, client.stdout),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import requests
 
+from imageforge.cmd import run
 from imageforge.download import download, redact
 from imageforge.errors import SourceError
 
@@ -68,14 +69,12 @@ def _fetch(url: str, dest: Path, signature: Signature, origin: str, what: str,
 
 def _gpg(home: Path, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LC_ALL": "C"}
-    try:
-        return subprocess.run(
-            ["gpg", "--batch", "--no-tty", "--no-autostart", "--homedir", str(home), *args],
-            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-            timeout=60)
-    except FileNotFoundError:
-        raise SourceError("gpg is not installed, so signatures cannot be checked; install "
-                          "gnupg (`make host-tools` does) and run again") from None
+    return run(["gpg", "--batch", "--no-tty", "--no-autostart", "--homedir", str(home), *args],
+               env=env, text=True, timeout=60, error=SourceError,
+               missing="signatures cannot be checked without it; install gnupg "
+                       "(`make host-tools` does) and run again",
+               timed_out="gpg did not finish within 60 s; check its home directory and run "
+                         "again")
 
 
 def _import_key(home: Path, key_file: Path, signature: Signature, origin: str) -> None:

@@ -171,7 +171,7 @@ class SourceCache:
                 ) from None
             for future in futures:
                 error = future.exception() if future.done() else None
-                if error is not None:
+                if error is not None and not isinstance(error, _NotStarted):
                     _stop(futures, cancel)
                     interrupt(workers)
                     raise error
@@ -180,6 +180,8 @@ class SourceCache:
 
     def _reported(self, source: Source, reporter: _Reporter, cancel: threading.Event,
                   workers: set[int]) -> Path:
+        if cancel.is_set():
+            raise _NotStarted   # another source failed first: this one is not fetched
         workers.add(threading.get_ident())
         entry = self.path_for(source)
         if self._is_complete(source, entry):
@@ -190,6 +192,9 @@ class SourceCache:
         try:
             path = self.materialize(source, on_progress)
         except BaseException:
+            # Before the pool starts a queued source: with one worker, the next one would
+            # otherwise begin before the caller sees this failure.
+            cancel.set()
             reporter.finished(source, ok=False)
             raise
         reporter.finished(source, ok=True)
@@ -208,6 +213,10 @@ class SourceCache:
             and stored.is_file()
             and stored.stat().st_size == marker.get("size")
         )
+
+
+class _NotStarted(Exception):
+    """A source left alone because another one failed first."""
 
 
 def _signed_as_required(source: UrlSource, marker: dict[str, Any]) -> bool:

@@ -50,8 +50,11 @@ def test_add_records_the_entry_and_consumes_theoci_layout(tmp_path: Path) -> Non
     store = ArtifactStore(tmp_path / "store")
     layer = os.urandom(1000)
     entry = _add(store, tmp_path, "a", layer)
-    assert entry.key == key_of("a") and entry.stage == "efa" and entry.inputs == {"name": "a"}
-    assert entry.build_seconds == 1.23 and entry.hits == 0
+    assert entry.key == key_of("a")
+    assert entry.stage == "efa"
+    assert entry.inputs == {"name": "a"}
+    assert entry.build_seconds == 1.23
+    assert entry.hits == 0
     assert entry.created == entry.last_used
     assert entry.path == store.root / "entries" / artifacts.key_hex(key_of("a"))
     assert entry.size == sum(p.stat().st_size for p in (entry.path / "blobs/sha256").iterdir())
@@ -62,7 +65,8 @@ def test_add_records_the_entry_and_consumes_theoci_layout(tmp_path: Path) -> Non
     assert not (tmp_path / "layouts" / "a").exists()
     assert list((store.root / "tmp").iterdir()) == []
     meta = json.loads((entry.path / "meta.json").read_text())
-    assert meta == entry.meta() and "path" not in meta
+    assert meta == entry.meta()
+    assert "path" not in meta
 
 
 def test_a_layout_that_is_not_one_is_refused(tmp_path: Path) -> None:
@@ -87,8 +91,10 @@ def test_a_blob_not_matching_its_name_is_refused_and_nothing_is_kept(tmp_path: P
         store.add(key=key_of("x"), stage="nccl", inputs={}, layout=layout, build_seconds=0)
     assert str(info.value) == ("BuildKit exported a blob of nccl whose content does not match "
                                f"its name ({blob.name}); rebuild it.")
-    assert store.all_entries() == [] and list(store.blobs.iterdir()) == []
-    assert list(store.tmp.iterdir()) == [] and not layout.exists()
+    assert store.all_entries() == []
+    assert list(store.blobs.iterdir()) == []
+    assert list(store.tmp.iterdir()) == []
+    assert not layout.exists()
 
 
 def test_the_same_key_added_twice_keeps_the_first(tmp_path: Path) -> None:
@@ -96,7 +102,8 @@ def test_the_same_key_added_twice_keeps_the_first(tmp_path: Path) -> None:
     first = _add(store, tmp_path, "a", b"first")
     again = store.add(key=first.key, stage="efa", inputs={"name": "again"}, build_seconds=9,
                       layout=oci_layout(tmp_path / "layouts" / "again", [b"second", SHARED]))
-    assert again == first and store.get(first.key) == first
+    assert again == first
+    assert store.get(first.key) == first
     assert list(store.tmp.iterdir()) == []
     assert hashlib.sha256(b"second").hexdigest() not in {p.name for p in store.blobs.iterdir()}
 
@@ -182,7 +189,9 @@ def test_touch_counts_a_use(tmp_path: Path) -> None:
     store.touch(entry.key)
     store.touch(entry.key)
     used = store.get(entry.key)
-    assert used is not None and used.hits == 2 and used.last_used >= entry.last_used
+    assert used is not None
+    assert used.hits == 2
+    assert used.last_used >= entry.last_used
     assert used.created == entry.created
     store.touch(key_of("missing"))  # nothing to count
     assert store.get(key_of("missing")) is None
@@ -203,13 +212,15 @@ def test_remove_takes_the_entry_and_blobs_only_it_used(tmp_path: Path) -> None:
     a = _add(store, tmp_path, "a", b"A" * 10)
     b = _add(store, tmp_path, "b", b"B" * 10)
     store.remove(a.key)
-    assert store.get(a.key) is None and store.get(b.key) == b
+    assert store.get(a.key) is None
+    assert store.get(b.key) == b
     names = {p.name for p in store.blobs.iterdir()}
     assert hashlib.sha256(b"A" * 10).hexdigest() not in names
     assert {hashlib.sha256(SHARED).hexdigest(), hashlib.sha256(b"B" * 10).hexdigest()} <= names
     store.remove(a.key)  # gone already: nothing to do
     store.remove(b.key)
-    assert list(store.blobs.iterdir()) == [] and list(store.tmp.iterdir()) == []
+    assert list(store.blobs.iterdir()) == []
+    assert list(store.tmp.iterdir()) == []
 
 
 def test_cleanup_removes_only_dead_processes_work(tmp_path: Path) -> None:
@@ -225,12 +236,14 @@ def test_cleanup_removes_only_dead_processes_work(tmp_path: Path) -> None:
         mine = store.scratch()  # cleans up first
         # Asking whether a process lives does not disturb it.
         assert _answers(live)
-    assert mine.parent == store.tmp and mine.name.startswith(f"{os.getpid()}-")
+    assert mine.parent == store.tmp
+    assert mine.name.startswith(f"{os.getpid()}-")
     assert sorted(p.name for p in store.tmp.iterdir()) == sorted(
         [f"{live.pid}-abc", "1-init", mine.name])
     store.cleanup()
     assert sorted(p.name for p in store.tmp.iterdir()) == sorted([mine.name, "1-init"])
-    assert artifacts._alive(os.getpid()) and not artifacts._alive(int(dead))
+    assert artifacts._alive(os.getpid())
+    assert not artifacts._alive(int(dead))
 
 
 def test_verify_discards_a_corrupt_entry_whose_shared_copy_is_already_gone(
@@ -289,7 +302,8 @@ def test_prune_waits_while_a_build_reads_the_entry(tmp_path: Path,
             "fcntl.flock(fd, fcntl.LOCK_SH)\nprint('held', flush=True)\nsys.stdin.read()\n")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "held\n"
     result: list[list[Entry]] = []
     pruning = threading.Thread(target=lambda: result.append(store.prune(older_than=-1)))
     pruning.start()
@@ -297,13 +311,15 @@ def test_prune_waits_while_a_build_reads_the_entry(tmp_path: Path,
         deadline = time.monotonic() + 30
         err = ""
         while "waiting" not in err:
-            assert time.monotonic() < deadline and pruning.is_alive()
+            assert time.monotonic() < deadline
+            assert pruning.is_alive()
             time.sleep(0.05)
             err += capsys.readouterr().err
         assert err == ("imageforge: waiting for another imageforge process using efa "
                        f"{entry.key[:19]}\n")
         time.sleep(0.5)
-        assert store.get(entry.key) is not None and pruning.is_alive()
+        assert store.get(entry.key) is not None
+        assert pruning.is_alive()
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -331,7 +347,8 @@ def _answering_process() -> Iterator[subprocess.Popen[str]]:
 
 
 def _answers(child: subprocess.Popen[str]) -> bool:
-    assert child.stdin is not None and child.stdout is not None
+    assert child.stdin is not None
+    assert child.stdout is not None
     try:
         child.stdin.write("ping\n")
         child.stdin.flush()
@@ -394,6 +411,10 @@ def test_a_live_process_of_another_user_keeps_its_work(tmp_path: Path) -> None:
         store.tmp.chmod(0o777)
         ours = store.tmp / f"{os.getpid()}-root"
         ours.mkdir()
+        # In this process too: mutmut picks the tests to run for a function by what ran in
+        # the test's own process, and the forked child's calls are not seen.
+        store.cleanup()
+        assert ours.is_dir()
         child = os.fork()
         if child == 0:  # pragma: no cover (the child)
             code = 1
@@ -416,7 +437,8 @@ def test_a_stray_file_in_tmp_does_not_stop_cleanup(tmp_path: Path) -> None:
     store.tmp.mkdir(parents=True)
     (store.tmp / "stray.txt").write_text("not a work directory")
     mine = store.scratch()
-    assert mine.is_dir() and mine.parent == store.tmp
+    assert mine.is_dir()
+    assert mine.parent == store.tmp
 
 
 def test_remove_clears_a_stray_file_where_an_entry_would_be(tmp_path: Path) -> None:
@@ -448,7 +470,8 @@ def test_a_blob_another_process_shares_first_stays_this_entrys_copy(tmp_path: Pa
         entry = _add(store, tmp_path, "a", layer)
     assert (store.blobs / name).stat().st_ino == theirs.stat().st_ino
     own = entry.path / "blobs/sha256" / name
-    assert own.read_bytes() == layer and own.stat().st_ino != theirs.stat().st_ino
+    assert own.read_bytes() == layer
+    assert own.stat().st_ino != theirs.stat().st_ino
     assert store.verify(entry.key) == entry
 
 
@@ -465,7 +488,8 @@ def test_garbage_another_process_collected_first_is_passed_over(tmp_path: Path) 
 
     with _before_each("stat", collect_first):
         store.remove(a.key)
-    assert store.get(a.key) is None and store.verify(b.key) == b
+    assert store.get(a.key) is None
+    assert store.verify(b.key) == b
     assert {p.name for p in store.blobs.iterdir()} == {
         p.name for p in (b.path / "blobs/sha256").iterdir()}
 
@@ -512,6 +536,11 @@ def test_a_full_disk_is_named_as_the_store_root(tmp_path: Path) -> None:
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-rm", "true"], capture_output=True, check=False).returncode != 0:
         pytest.skip("needs unshare -rm (user and mount namespaces) for a small tmpfs")
+    # The same add, on a disk with room, in this process (mutmut picks the tests to run for a
+    # function by what ran in the test's own process, not in the subprocess below).
+    roomy = ArtifactStore(tmp_path / "roomy")
+    roomy.add(key=key_of("x"), stage="efa", inputs={},
+              layout=oci_layout(tmp_path / "export", [b"layer" * 100]), build_seconds=0)
     disk = tmp_path / "disk"
     disk.mkdir()
     mount = 'mount -t tmpfs -o size=256k tmpfs "$1" && exec "$2" -c "$3" "$1"'

@@ -171,3 +171,9 @@ def test_a_trailing_slash_does_not_move_a_symlink_into_its_own_directory(
     through = _tar(tmp_path / "through.tar", ("a/b/", tarfile.SYMTYPE, "..", b""),
                    ("a/b/c", tarfile.SYMTYPE, "../x", b""))
     assert first_problem(through) == ("a/b/c", "is a symlink to '../x', outside the archive's tree")
+
+
+def test_only_slashes_are_stripped_from_a_members_name(tmp_path: Path) -> None:
+    # "a/X" -> "../y" is a/X pointing at y in the root: inside. Judged as if it were "a"
+    # (a name stripped of more than its slashes), it would point outside.
+    assert first_problem(_links(tmp_path / "x.tar", ("a/X", "../y"))) is None

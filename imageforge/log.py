@@ -1,0 +1,55 @@
+"""The one logger: warnings and notes as `imageforge: warning: ...` lines on stderr, and the
+commands imageforge runs (`+ docker buildx bake ...`) at debug level.
+
+`IMAGEFORGE_LOG=debug` shows every command; `IMAGEFORGE_LOG=warning` hides the notes.
+Standard output is left to what a command is asked for (plans, tables, JSON)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TextIO
+
+LOGGER = logging.getLogger("imageforge")
+
+
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        return f"imageforge: {level}{record.getMessage()}"
+
+
+class _Stderr(logging.StreamHandler[TextIO]):
+    """Writes to the sys.stderr of the moment, which tests and callers may replace."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # Not setStream: that flushes the previous stream, which may be closed by now.
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _setup() -> None:
+    if any(isinstance(h, _Stderr) for h in LOGGER.handlers):
+        return
+    handler = _Stderr(sys.stderr)
+    handler.setFormatter(_Format())
+    LOGGER.addHandler(handler)
+    LOGGER.propagate = False
+    name = os.environ.get("IMAGEFORGE_LOG", "info").upper()
+    LOGGER.setLevel(getattr(logging, name, logging.INFO))
+
+
+def warning(message: str) -> None:
+    LOGGER.warning(message)
+
+
+def note(message: str) -> None:
+    LOGGER.info(message)
+
+
+def debug(message: str) -> None:
+    LOGGER.debug(message)
+
+
+_setup()
