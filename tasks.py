@@ -27,6 +27,7 @@ from imageforge import diskfull, project
 from imageforge.errors import FatalError, UsageError
 from imageforge.mirror import parse_rewrites
 from imageforge.plan import Plan
+from stages import discover
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,7 +42,7 @@ TARGET_DEFAULT = "default: the image the manifest defines"
 
 
 
-def _terminate(signum: int, frame: object) -> None:
+def _terminate(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
@@ -121,7 +122,7 @@ def settings(c: Context, manifest: str | None, overrides: list[str] | None,
         remote=remote or config.get("remote") or None,
         rewrites=parse_rewrites(config.get("rewrite")),
         mirror=mirror,
-        stage_dirs=stage_dirs(config.get("stage_dirs")),
+        registry=discover(stage_dirs(config.get("stage_dirs"))),
     )
 
 
@@ -745,7 +746,8 @@ def goldens(c: Context) -> None:
 
     Review the diff before committing it (the tests only ever compare)."""
     for manifest, target, path in GOLDEN_DOCKERFILES:
-        text = project.dockerfile(project.plan(project.Settings(manifest=Path(manifest)),
+        text = project.dockerfile(project.plan(project.Settings(manifest=Path(manifest),
+                                                                registry=discover(())),
                                                target))
         golden = Path(path)
         changed = not golden.exists() or golden.read_text() != text

@@ -26,6 +26,7 @@ from bench.baseline import SEED_000_ORDER, baseline_dockerfile
 from bench.rawjson import layer_steps, parse_stream
 from imageforge import cabundle, project
 from imageforge.dockerfile import CA_BUNDLE_SECRET
+from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "manifests" / "real-efa-nccl.toml"
@@ -86,8 +87,8 @@ class RealBench:
 
     def baseline(self, efa: str) -> dict[str, Any]:
         overrides = (f"stages.efa.version={efa}",)
-        settings = project.Settings(manifest=self.manifest, overrides=overrides,
-                                    cache_dir=self.cache)
+        settings = project.Settings(registry=STAGES, manifest=self.manifest,
+                                    overrides=overrides, cache_dir=self.cache)
         planned = project.plan(settings, TARGET)
         linear = baseline_dockerfile(planned, planned.registry, SEED_000_ORDER)
         dockerfile = self.work / f"baseline-{efa}.Dockerfile"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -86,7 +87,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 def seconds(value: float) -> str:
-    if value != value:  # NaN: not measured
+    if math.isnan(value):  # not measured
         return "-"
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
@@ -106,7 +107,7 @@ def rebuilt_cell(m: Measurement, chain: Sequence[str] = ()) -> str:
 
 
 def ratio(slow: float, fast: float) -> str:
-    if fast != fast or slow != slow or fast <= 0:
+    if math.isnan(fast) or math.isnan(slow) or fast <= 0:
         return "-"
     return f"{slow / fast:.1f}x"
 

@@ -244,8 +244,8 @@ class Bench:
         return Timed(seconds=elapsed, cpu_seconds=busy, stdout=proc.stdout, stderr=proc.stderr)
 
     def settings(self, overrides: Sequence[str] = ()) -> project.Settings:
-        return project.Settings(manifest=self.manifest, overrides=tuple(overrides),
-                                cache_dir=self.cache)
+        return project.Settings(registry=STAGES, manifest=self.manifest,
+                                overrides=tuple(overrides), cache_dir=self.cache)
 
     def plan(self, overrides: Sequence[str] = ()) -> Plan:
         return project.plan(self.settings(overrides), TARGET)

@@ -58,7 +58,7 @@ def _sources(name: str) -> Any:
 
 
 def _env_paths(name: str) -> Any:
-    def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
+    def env_paths(_ctx: Context) -> Mapping[str, Sequence[str]]:
         return {"LD_LIBRARY_PATH": [f"/opt/{name}/lib"]}
     return env_paths
 
@@ -82,7 +82,7 @@ def synthetic_registry(size: int, seed: int, *, shape: str = "wide",
     rng = random.Random(seed)
     registry: dict[str, Stage] = {
         ROOT_STAGE: Stage(name=ROOT_STAGE, doc="", deps=(), parent=None, fields={},
-                          recipe=lambda ctx: "", exports=()),
+                          recipe=lambda _ctx: "", exports=()),
     }
     names = [ROOT_STAGE]
     used: set[str] = set()
@@ -95,14 +95,14 @@ def synthetic_registry(size: int, seed: int, *, shape: str = "wide",
             name=name, doc="", deps=deps, parent=parent, fields=FIELDS,
             recipe=_recipe(name), sources=_sources(name),
             # Every fourth stage adds to a search path, as nccl or aws-ofi-nccl do.
-            env_paths=_env_paths(name) if index % 4 == 0 else (lambda ctx: {}),
+            env_paths=_env_paths(name) if index % 4 == 0 else (lambda _ctx: {}),
         )
         used.update(deps)
         used.add(parent)
         names.append(name)
     sinks = tuple(n for n in names if n not in used)
     registry[TARGET] = Stage(name=TARGET, doc="", deps=sinks, parent=ROOT_STAGE, image=True,
-                             fields={}, recipe=lambda ctx: "RUN ldconfig")
+                             fields={}, recipe=lambda _ctx: "RUN ldconfig")
     return registry
 
 

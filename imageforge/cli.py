@@ -25,7 +25,8 @@ def main() -> None:
               file=sys.stderr)
         sys.exit(1)
     spec = importlib.util.spec_from_file_location("tasks", tasks_file)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["tasks"] = module
     sys.path.insert(0, str(ROOT))

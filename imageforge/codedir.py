@@ -42,8 +42,8 @@ def _files(root: Path) -> Iterator[tuple[str, Path]]:
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in IGNORED)
         # os.walk lists a symlink to a directory among the directories, and skips it.
-        files = files + [d for d in dirs if (Path(directory) / d).is_symlink()]
-        for name in sorted(files):
+        names = files + [d for d in dirs if (Path(directory) / d).is_symlink()]
+        for name in sorted(names):
             if name in IGNORED or name.endswith(".pyc"):
                 continue
             path = Path(directory) / name

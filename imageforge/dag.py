@@ -33,14 +33,13 @@ def closure(target: str, registry: Mapping[str, Stage]) -> list[str]:
 
 # The last registry's closures. Registries are built per command and never changed once
 # planning starts; a different registry object starts afresh.
-_last: tuple[Mapping[str, Stage], dict[str, tuple[str, ...]]] | None = None
+_last: list[tuple[Mapping[str, Stage], dict[str, tuple[str, ...]]]] = []
 
 
 def _memo(registry: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
-    global _last
-    if _last is None or _last[0] is not registry:
-        _last = (registry, {})
-    return _last[1]
+    if not _last or _last[0][0] is not registry:
+        _last[:] = [(registry, {})]
+    return _last[0][1]
 
 
 def _closures(target: str, registry: Mapping[str, Stage],

@@ -61,10 +61,10 @@ def without(stages: Mapping[str, Stage], gone: set[str]) -> dict[str, Stage]:
     result: dict[str, Stage] = {}
     for name, stage in stages.items():
         if name == BASE:
-            result[name] = dataclasses.replace(stage, deps=(), recipe=lambda ctx: "")
+            result[name] = dataclasses.replace(stage, deps=(), recipe=lambda _ctx: "")
         elif name in gone:
             result[name] = Stage(name=name, doc=stage.doc, deps=(), parent=BASE,
-                                 fields=stage.fields, recipe=lambda ctx: "", exports=(),
+                                 fields=stage.fields, recipe=lambda _ctx: "", exports=(),
                                  provided=True)
         else:
             parent = BASE if stage.parent in gone else stage.parent

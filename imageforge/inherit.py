@@ -81,7 +81,7 @@ def _merge(into: dict[str, Any], layer: dict[str, Any], prefix: str, origin: Ori
     for key, value in layer.items():
         dotted = f"{prefix}{key}"
         # [image], [waive] and [stages] hold tables of keys; a stage's table holds values.
-        nested = isinstance(value, dict) and (prefix == "" or prefix == "stages.")
+        nested = isinstance(value, dict) and prefix in ("", "stages.")
         if nested and isinstance(into.get(key), dict):
             origins.setdefault(dotted, origin)
             _merge(into[key], value, dotted + ".", origin, origins)

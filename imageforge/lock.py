@@ -531,6 +531,7 @@ class Upstream:
         return dict(old.pin) if old else {"digest": _base_digest(ref)}
 
     def extended(self, manifest: Manifest, old: Entry | None) -> dict[str, Any]:
+        del old     # an extended image is asked for again every time: its tag may move
         return _inspect_extended(manifest, self.stages)
 
     def nccl_pin(self, manifest: Manifest, pytorch: GitSource, old: Entry | None

@@ -261,7 +261,8 @@ def _sync_file(source: UrlSource, cache: SourceCache, to: Path, index: dict[str,
     if source.signature is None:
         return
     located = cache.locate(source)
-    assert isinstance(located, UrlSource) and located.signature is not None
+    assert isinstance(located, UrlSource)
+    assert located.signature is not None
     for original, where in ((source.signature.url, located.signature.url),
                             (source.signature.key_url, located.signature.key_url)):
         with tempfile.TemporaryDirectory(dir=to) as tmp:

@@ -157,7 +157,7 @@ def _pin_files_first(version: str) -> bool:
     return parts[:2] >= PIN_FILES_FROM
 
 
-def _from_submodule(tree: _Tree, ref: str, cuda: str | None) -> _Found | None:
+def _from_submodule(tree: _Tree, _ref: str, _cuda: str | None) -> _Found | None:
     sha = tree.gitlink(SUBMODULE)
     return _Found(method="submodule", path=SUBMODULE, pin=sha) if sha else None
 

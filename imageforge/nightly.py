@@ -238,13 +238,13 @@ def _test(settings: project.Settings, image: str) -> str:
     from imageforge.checkreport import publish, summary
     from imageforge.checks import require_passed, run_image_tests
 
-    checks = run_image_tests(project.plan(settings, image_target(settings, image)), image)
+    checks = run_image_tests(project.plan(settings, image_target(image)), image)
     publish(settings.cache_dir, checks)
     require_passed(checks)
     return summary(checks)
 
 
-def image_target(settings: project.Settings, image: str) -> str:
+def image_target(image: str) -> str:
     from imageforge.docker import image_labels
 
     return image_labels(image).get("io.imageforge.target") or "smddp"

@@ -95,7 +95,8 @@ class StageProgress:
 class BuildProgress:
     """Consumes rawjson status objects; shows and remembers per-stage state."""
 
-    def __init__(self, stages: Iterable[str], mode: Mode = "auto", out: IO[str] | None = None):
+    def __init__(self, stages: Iterable[str], mode: Mode = "auto",
+                 out: IO[str] | None = None) -> None:
         self.out = out or sys.stderr
         self.stages = {name: StageProgress(name) for name in stages}
         self._by_digest: dict[str, _Vertex] = {}
@@ -209,7 +210,7 @@ def read_statuses(stream: IO[bytes], other: list[str]) -> Iterable[dict[str, Any
     `other`."""
     decoder = json.JSONDecoder()
     buffer = ""
-    for chunk in iter(lambda: stream.readline(), b""):
+    for chunk in iter(stream.readline, b""):
         buffer += chunk.decode(errors="replace")
         while buffer:
             stripped = buffer.lstrip()

@@ -23,13 +23,15 @@ from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.render import render_dockerfile
 from imageforge.sources import SourceCache
 from imageforge.stage import Stage
-from stages import discover
 
 DEFAULT_MANIFEST = Path("manifests/smddp.toml")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
+    # Every stage the manifest may name. The front end passes it in (tasks.py: imageforge's
+    # stages/ plus a team's stage_dirs): the engine itself never imports a stage.
+    registry: Mapping[str, Stage]
     manifest: Path = DEFAULT_MANIFEST
     overrides: tuple[str, ...] = ()
     cache_dir: Path = Path("cache")
@@ -43,14 +45,6 @@ class Settings:
     rewrites: tuple[mirror_mod.Rewrite, ...] = ()
     # A mirror made by `mirror.sync` (directory or URL): the only place sources come from.
     mirror: str | None = None
-    # Directories of a team's own stage modules, beside imageforge's stages/ (invoke config
-    # `imageforge.stage_dirs`).
-    stage_dirs: tuple[Path, ...] = ()
-
-    @property
-    def registry(self) -> Mapping[str, Stage]:
-        """Every stage: imageforge's own and those in stage_dirs."""
-        return discover(self.stage_dirs)
 
 
 def load_manifest(settings: Settings, *, resolve: bool = False) -> Manifest:

@@ -79,36 +79,36 @@ class Stage:
     recipe: Callable[[Context], str]
     # Stage this one is built FROM; None means the manifest's base image itself.
     parent: str | None = "base"
-    sources: Callable[[Context], Sequence[Source]] = lambda ctx: ()
+    sources: Callable[[Context], Sequence[Source]] = lambda _ctx: ()
     # Paths other stages copy out of this one; EXPORT_ROOT is copied onto "/".
     exports: tuple[str, ...] = (EXPORT_ROOT,)
     # Path-like variables this stage adds to images that contain it (PATH, LD_LIBRARY_PATH).
-    env_paths: Callable[[Context], Mapping[str, Sequence[str]]] = lambda ctx: {}
+    env_paths: Callable[[Context], Mapping[str, Sequence[str]]] = lambda _ctx: {}
     # Plain variables this stage sets in images that contain it.
-    env: Callable[[Context], Mapping[str, str]] = lambda ctx: {}
+    env: Callable[[Context], Mapping[str, str]] = lambda _ctx: {}
     # True for stages that are whole images (efa-nccl, smddp): they get the image env.
     image: bool = False
     # BuildKit layer cache export for this stage (with --layer-cache): "max" keeps every
     # intermediate layer (worth it before a long compile), "min" only the result.
     layer_cache: Literal["min", "max"] = "min"
     # Smoke checks run by `invoke test-image` in any image that contains this stage.
-    checks: Callable[[Context], Sequence[Check]] = lambda ctx: ()
+    checks: Callable[[Context], Sequence[Check]] = lambda _ctx: ()
     # False for stages the lock has nothing to resolve for: their tables stay out of the
     # manifest digest, so editing them never makes the lock stale.
     locked: bool = True
     # Directories of the build host handed to BuildKit as named contexts (the user's code):
     # context name -> (path, sha256 of the tree). The digest must be among the stage's inputs.
-    local_dirs: Callable[[Context], Mapping[str, tuple[str, str]]] = lambda ctx: {}
+    local_dirs: Callable[[Context], Mapping[str, tuple[str, str]]] = lambda _ctx: {}
     # The PyPI project whose releases `lock --upgrade` reads, for a stage pip installs by
     # name (no URL or git ref to list).
     pypi_project: str | None = None
     # The pip requirements this stage installs, as written: `invoke lock` resolves them with
     # their dependencies to exact versions and hashes (imageforge.piplock).
-    pip_requirements: Callable[[Context], Sequence[str]] = lambda ctx: ()
+    pip_requirements: Callable[[Context], Sequence[str]] = lambda _ctx: ()
     # True for a stage an extended image already has: only its settings remain.
     provided: bool = False
     # Choices worth a warning whenever this stage is planned (a key baked into an image).
-    warnings: Callable[[Context], Sequence[str]] = lambda ctx: ()
+    warnings: Callable[[Context], Sequence[str]] = lambda _ctx: ()
 
 
 def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:

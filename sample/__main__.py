@@ -49,12 +49,13 @@ def _generate(out: Path) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     files, repos = pins["files"], pins["repos"]
-    assert isinstance(files, dict) and isinstance(repos, dict)
+    assert isinstance(files, dict)
+    assert isinstance(repos, dict)
     print(f"wrote {len(files)} files and {len(repos)} repositories to {out} (see {out}/pins.json)")
     return 0
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
+def _stop(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 

@@ -29,7 +29,7 @@ CODE_DIR = "/opt/ml/code"
 CONTEXT = "src-code"
 
 
-def recipe(ctx: Context) -> str:
+def recipe(_ctx: Context) -> str:
     return f"COPY --from={CONTEXT} . {CODE_DIR}/"
 
 

@@ -62,7 +62,7 @@ def recipe(ctx: Context) -> str:
     )
 
 
-def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
+def env_paths(_ctx: Context) -> Mapping[str, Sequence[str]]:
     return {
         "PATH": ["/opt/amazon/openmpi/bin", "/opt/amazon/efa/bin"],
         "LD_LIBRARY_PATH": ["/opt/amazon/efa/lib", "/opt/amazon/openmpi/lib"],

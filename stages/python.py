@@ -53,7 +53,7 @@ def recipe(ctx: Context) -> str:
     )
 
 
-def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
+def env_paths(_ctx: Context) -> Mapping[str, Sequence[str]]:
     return {"PATH": [f"{PREFIX}/bin"]}
 
 

@@ -160,7 +160,7 @@ def env_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
     return {"LD_LIBRARY_PATH": [lib]}
 
 
-def env(ctx: Context) -> Mapping[str, str]:
+def env(_ctx: Context) -> Mapping[str, str]:
     return {"DLC_CONTAINER_TYPE": "training"}
 
 

@@ -161,7 +161,7 @@ class _QuietServer(ThreadingHTTPServer):
         self.closed = 0  # ...and closed once their handler is done
         self.changed = threading.Condition()
 
-    def verify_request(self, request: Any, client_address: Any) -> bool:
+    def verify_request(self, _request: Any, _client_address: Any) -> bool:
         self.accepted += 1
         return True
 
@@ -315,12 +315,16 @@ def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _QuietFileHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def serve_directory(root: str) -> Iterator[str]:
     """A static HTTP server for `root` on 127.0.0.1 (e.g. a PEP 503 package index: each
     project's `index.html` is served for its directory URL, as text/html); yields its URL."""
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=root)
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    handler = functools.partial(_QuietFileHandler, directory=root)
     httpd = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02},
                               daemon=True)

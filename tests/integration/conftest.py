@@ -24,7 +24,6 @@ import pytest
 import requests
 
 from bench.engine import forget_namespaces, mounts_under
-from tests.cache_consistency import assert_cache_consistent as assert_cache_consistent
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PORT = "127.0.0.1:8741"
@@ -58,6 +57,7 @@ def docker_ready() -> None:
 @pytest.fixture(scope="session")
 def upstream(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Iterator[str]:
     """The sample upstream, generated and served; yields its base URL."""
+    del docker_ready  # requested for its Docker check only (usefixtures is for tests)
     from sample.serve import start_server
 
     out = tmp_path_factory.mktemp("upstream")
@@ -120,7 +120,8 @@ class Running:
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: list[str] = []
         self.out: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
+        assert self.proc.stdout is not None
+        assert self.proc.stderr is not None
         self._readers = [threading.Thread(target=self._read, args=(pipe, into), daemon=True)
                          for pipe, into in ((self.proc.stderr, self.lines),
                                             (self.proc.stdout, self.out))]
@@ -241,6 +242,7 @@ def docker_compose_project_name() -> str:
 @pytest.fixture(scope="session")
 def registry(docker_ready: None, docker_services: Any) -> str:
     """A real registry (distribution, htpasswd auth) on 127.0.0.1; returns host:port."""
+    del docker_ready  # requested for its Docker check only (usefixtures is for tests)
     port = docker_services.port_for("registry", 5000)
     url = f"http://127.0.0.1:{port}/v2/"
 
@@ -404,6 +406,7 @@ def second_dockerd(docker_ready: None, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[SecondDockerd]:
     """The second engine, started once per session with the base image loaded; every test
     gets it running (a test that stopped it has started it again)."""
+    del docker_ready  # requested for its Docker check only (usefixtures is for tests)
     engine = SecondDockerd(tmp_path_factory.mktemp("dockerd2"))
     try:
         engine.start()

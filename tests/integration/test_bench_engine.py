@@ -9,6 +9,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from bench.engine import Engine
 from bench.run import sample_base
 
@@ -20,8 +22,8 @@ def host_build(dockerfile: Path, context: Path) -> str:
     return proc.stderr
 
 
-def test_pruning_the_bench_engine_leaves_the_hosts_cache(docker_ready: None,
-                                                          tmp_path: Path) -> None:
+@pytest.mark.usefixtures("docker_ready")
+def test_pruning_the_bench_engine_leaves_the_hosts_cache(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
     context = tmp_path / "context"
     context.mkdir()

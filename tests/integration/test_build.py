@@ -21,7 +21,8 @@ def smddp_image(sample_manifest: Path, cache_dir: Path) -> str:
     result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest),
                     "--tag", tag, "--progress", "plain", cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "smddp" in result.stdout and "rebuilt:" in result.stdout
+    assert "smddp" in result.stdout
+    assert "rebuilt:" in result.stdout
     return tag
 
 
@@ -45,7 +46,8 @@ def test_torch_reports_the_nccl_stage_version(smddp_image: str) -> None:
 
 def test_plugin_links_without_missing_libraries(smddp_image: str) -> None:
     ldd = run_in(smddp_image, "ldd /usr/local/lib/libnccl-net.so")
-    assert "libfabric.so" in ldd and "not found" not in ldd
+    assert "libfabric.so" in ldd
+    assert "not found" not in ldd
 
 
 def test_image_carries_labels_and_environment(smddp_image: str, sample_manifest: Path) -> None:
@@ -117,7 +119,8 @@ def test_stopped_daemon_is_one_clear_error(sample_manifest: Path, tmp_path: Path
                     env={"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
     assert result.returncode == 6
     assert "Docker daemon is not running" in result.stderr
-    assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
 
 
 def test_missing_buildx_is_one_clear_error(sample_manifest: Path, tmp_path: Path) -> None:

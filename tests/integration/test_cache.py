@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.cache_consistency import sha256_of
+from tests.cache_consistency import assert_cache_consistent, sha256_of
 from tests.integration.conftest import (
     ROOT,
     Running,
     SecondDockerd,
-    assert_cache_consistent,
     invoke,
     process_with,
     registry_env,
@@ -54,7 +53,8 @@ def test_cross_target_reuse_without_rebuild_or_refetch(sample_manifest: Path,
     assert {states[s] for s in ("efa", "nccl", "aws-ofi-nccl")} == {"cached"}
     assert {states[s] for s in ("pytorch", "torchvision", "boost", "smddp")} == {"built"}
     # Reused stages' sources are not fetched (not even looked up) again.
-    assert "src-efa" not in second.stderr and "src-nccl:" not in second.stderr
+    assert "src-efa" not in second.stderr
+    assert "src-nccl:" not in second.stderr
 
 
 def test_fresh_local_cache_with_warm_registry_builds_nothing(
@@ -113,7 +113,8 @@ def test_corrupted_entry_is_detected_discarded_and_rebuilt(sample_manifest: Path
         handle.write(b"corrupt!")
     again = build(sample_manifest, tmp_path, target="nccl")
     assert again.returncode == 0, again.stderr
-    assert "cached artifact of nccl" in again.stderr and "corrupt" in again.stderr
+    assert "cached artifact of nccl" in again.stderr
+    assert "corrupt" in again.stderr
     assert last_report(tmp_path, "nccl")["nccl"] == "built"
     verify = invoke("cache.ls", "--json", cache=tmp_path)
     assert [e["stage"] for e in json.loads(verify.stdout)].count("nccl") == 1
@@ -174,7 +175,8 @@ def test_sigkill_mid_build_leaves_no_partial_entry(sample_manifest: Path,
     running.signal(signal.SIGKILL, group=True)
     assert running.finish() == -signal.SIGKILL, "the build was still running when it was killed"
     for entry in entries(tmp_path):
-        assert (entry / "meta.json").exists() and (entry / "index.json").exists()
+        assert (entry / "meta.json").exists()
+        assert (entry / "index.json").exists()
     again = invoke("build", "--target", "pytorch", "--manifest", str(manifest), "--progress",
                    "plain", cache=tmp_path)
     assert again.returncode == 0, again.stderr

@@ -46,6 +46,7 @@ def built(sample_manifest: Path, cache_dir: Path) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def smddp_image(built: subprocess.CompletedProcess[str]) -> str:
+    del built  # requested for the build that tags the image (usefixtures is for tests)
     return f"imageforge-test/checks-smddp:{RUN}"
 
 
@@ -85,7 +86,9 @@ def run_test_image(manifest: Path, cache: Path, image: str, *extra: str
 def test_build_runs_the_checks_and_lists_hardware_ones(built: subprocess.CompletedProcess[str]
                                                        ) -> None:
     out = built.stdout
-    assert LOADED_CHECK in out and ONE_CHECK in out and "FAIL" not in out
+    assert LOADED_CHECK in out
+    assert ONE_CHECK in out
+    assert "FAIL" not in out
     assert "fi_info -p efa -t FI_EP_RDM lists the EFA provider" in out
     assert "needs hardware" in out
 
@@ -96,7 +99,8 @@ def test_every_check_passes_with_reports_written(smddp_image: str, sample_manife
                     "--image", smddp_image, "--report", str(tmp_path), cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "test-image-smddp.json").read_text())
-    assert data["passed"] is True and data["hardware"] is False
+    assert data["passed"] is True
+    assert data["hardware"] is False
     states = {(r["stage"], r["name"]): r["result"] for r in data["results"]}
     assert set(states.values()) == {"ok", "skipped"}
     assert {stage for stage, _ in states} >= {"efa", "nccl", "aws-ofi-nccl", "pytorch",
@@ -112,7 +116,8 @@ def test_every_check_passes_with_reports_written(smddp_image: str, sample_manife
     assert states[("sagemaker-training", "environment: SAGEMAKER_TRAINING_MODULE")] == "ok"
 
     suite = ET.parse(tmp_path / "test-image-smddp.xml").getroot().find("testsuite")
-    assert suite is not None and suite.get("failures") == "0"
+    assert suite is not None
+    assert suite.get("failures") == "0"
     cases = suite.findall("testcase")
     assert len(cases) == len(data["results"])
     skipped = [c for c in cases if c.find("skipped") is not None]
@@ -123,7 +128,8 @@ def test_every_check_passes_with_reports_written(smddp_image: str, sample_manife
 
     digest = docker_out("image", "inspect", "--format", "{{.Id}}", smddp_image)
     record = json.loads((cache_dir / "tests" / f"{digest}.json").read_text())
-    assert record["passed"] is True and record["image"] == smddp_image
+    assert record["passed"] is True
+    assert record["image"] == smddp_image
 
 
 def test_nccl_swapped_in_after_the_build_fails_with_both_versions(

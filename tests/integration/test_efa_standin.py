@@ -38,6 +38,7 @@ def test_generated_tarball_is_reproducible(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tarball(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Generated:
+    del docker_ready  # requested for its Docker check only (usefixtures is for tests)
     # The CUDA base the real manifest builds on (idempotent: nothing to do when present).
     subprocess.run([str(ROOT / "scripts/cuda-base.sh"), BASE], check=True, timeout=1800)
     return generate(VERSION, tmp_path_factory.mktemp("efa-standin"), DEFAULT_MIRROR,

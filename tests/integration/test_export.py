@@ -26,7 +26,8 @@ def test_output_dir_holds_each_stage_export_and_a_listing(sample_manifest: Path,
     assert (dest / "usr/local/lib/libnccl-net.so").exists()
     assert (dest / "opt/amazon/efa/bin/fi_info").exists()
     assert list((dest / "opt/nccl-tests/bin").glob("*_perf"))
-    assert not (dest / "usr/bin").exists() and not (dest / "etc").exists()
+    assert not (dest / "usr/bin").exists()
+    assert not (dest / "etc").exists()
     listing = json.loads((dest / "imageforge-export.json").read_text())
     plan = json.loads(invoke("plan", "--target", "efa-nccl", "--manifest", str(sample_manifest),
                              "--json", cache=cache_dir).stdout)
@@ -56,7 +57,8 @@ def test_output_to_a_missing_directory_fails_before_building(sample_manifest: Pa
     dest = tmp_path / "no" / "such" / "dir"
     result = build_output(sample_manifest, cache_dir, "nccl", dest)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "--output" in result.stderr and "does not exist" in result.stderr
+    assert "--output" in result.stderr
+    assert "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
     assert "building" not in result.stdout
     assert not (tmp_path / "no").exists()

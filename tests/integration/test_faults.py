@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cache_consistency import assert_cache_consistent
 from tests.integration.conftest import (
     Running,
     SecondDockerd,
-    assert_cache_consistent,
     assert_engine_clean,
     invoke,
 )
@@ -161,12 +161,14 @@ def test_a_signal_while_building_or_storing_exits_130_and_keeps_nothing_partial(
         running.wait_until(lambda: ready(tmp_path), f"{phase} efa's artifact", poll=0.005)
         # Held still, so the signal lands in the middle of the write, not after it.
         running.signal(signal.SIGSTOP)
-        assert ready(tmp_path) and not (tmp_path / "artifacts" / "entries").exists()
+        assert ready(tmp_path)
+        assert not (tmp_path / "artifacts" / "entries").exists()
         running.signal(signum, group=group)
         running.signal(signal.SIGCONT)
     assert running.finish() == 130, running.stderr
     assert "Traceback" not in running.stderr
-    assert running.last_line.startswith("imageforge: ") and "interrupted" in running.last_line
+    assert running.last_line.startswith("imageforge: ")
+    assert "interrupted" in running.last_line
     assert not (tmp_path / "artifacts" / "entries").exists()
     assert_cache_consistent(tmp_path)
     assert_engine_clean(dockerd2, builders)

@@ -68,8 +68,7 @@ set = {json.dumps(list(plugin.overrides))}
     assert "2 images: up to date" in second.stdout
 
 
-def test_a_matrix_nightly_refuses_per_image_options_in_one_sentence(cache_dir: Path,
-                                                                    tmp_path: Path) -> None:
+def test_a_matrix_nightly_refuses_per_image_options_in_one_sentence(cache_dir: Path) -> None:
     result = invoke("nightly", "--matrix", "examples/images.toml", "--target", "smddp",
                     cache=cache_dir)
     assert result.returncode == 1

@@ -98,7 +98,8 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
         fetched = invoke("fetch", "--target", "efa-nccl", "--manifest", str(sample_manifest),
                          "--mirror", url, cache=fetch_cache, env=env)
         assert fetched.returncode == 0, fetched.stderr
-        assert seen and set(seen) == {f"Bearer {token}"}, "every mirror request had the token"
+        assert seen, "every mirror request had the token"
+        assert set(seen) == {f"Bearer {token}"}, "every mirror request had the token"
         result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
                         "--push", "--tag", tag, "--remote", f"{registry}/cache-secrets-{RUN}",
                         "--mirror", url, "--progress", "plain", cache=cache_dir, env=env)
@@ -106,7 +107,8 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
     # The stage artifacts too (those this run reused from the local cache are pushed here).
     shared = invoke("cache.push", "--target", "efa-nccl", "--manifest", str(sample_manifest),
                     "--remote", f"{registry}/cache-secrets-{RUN}", cache=cache_dir, env=env)
-    assert shared.returncode == 0 and "pushed" in shared.stdout, shared.stderr
+    assert shared.returncode == 0, shared.stderr
+    assert "pushed" in shared.stdout, shared.stderr
     pushed = registry_blobs(registry, "secrets/efa-nccl", RUN)
     artifact_key = json.loads(invoke("plan", "--target", "efa-nccl", "--manifest",
                                      str(sample_manifest), "--json",
@@ -118,7 +120,8 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
     assert sbom, "the pushed image carries an SBOM"
     assert "libc6" in {p["name"] for p in sbom[0]["predicate"]["packages"]}
     config = next(v for v in pushed.values() if b'"io.imageforge.target"' in v)
-    assert b'"io.imageforge.revision"' in config and b"org.opencontainers.image.created" in config
+    assert b'"io.imageforge.revision"' in config
+    assert b"org.opencontainers.image.created" in config
     # The private docker config is gone: nothing of imageforge's is left in TMPDIR.
     assert [p.name for p in temp.iterdir() if p.name.startswith("imageforge-docker-")] == []
     # docker's config.json holds the password base64-encoded: look for that form too.

@@ -53,6 +53,7 @@ def upstream_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def real_upstream(upstream_root: Path, docker_ready: None) -> Iterator[str]:
     """The real upstream repositories and the EFA installer stand-in, served on 127.0.0.1."""
+    del docker_ready  # requested for its Docker check only (usefixtures is for tests)
     from sample.serve import start_server
 
     server = start_server(upstream_root)
@@ -104,7 +105,8 @@ def test_every_image_check_passes_with_a_versions_report(real_build: tuple[str, 
     assert re.search(r"2\.30\.7\s+2\.30\.7\s+yes", rows["nccl"]), rows
     assert re.search(r"1\.21\.1\s+1\.21\.1\s+yes", rows["aws-ofi-nccl"]), rows
     assert re.search(r"1\.17\s+1\.17\.\d+\s+yes", rows["libfabric"]), rows
-    assert "4.1" in rows["Open"] and "13.0" in rows["nvcc"], rows
+    assert "4.1" in rows["Open"], rows
+    assert "13.0" in rows["nvcc"], rows
     # GPU and EFA checks are listed, never counted as passed.
     assert "needs hardware" in output
 
@@ -144,8 +146,9 @@ def test_only_funcs_is_keyed(real_manifest: Path, cache_dir: Path) -> None:
         result = invoke("plan", "--target", "nccl", "--manifest", str(real_manifest), "--json",
                         *[w for s in sets for w in ("--set", s)], cache=cache_dir)
         assert result.returncode == 0, result.stderr
-        return next(s["key"] for s in json.loads(result.stdout)["stages"]
-                    if s["name"] == "nccl")
+        key: str = next(s["key"] for s in json.loads(result.stdout)["stages"]
+                        if s["name"] == "nccl")
+        return key
 
     assert nccl_key(ONLY_FUNCS) != nccl_key()
 
@@ -157,7 +160,8 @@ def test_platform_aws_is_refused_on_libfabric_1_17(real_manifest: Path,
                     cache=cache_dir)
     assert result.returncode == 3, result.stdout + result.stderr
     text = result.stdout + result.stderr
-    assert "1.17" in text and "1.22" in text
+    assert "1.17" in text
+    assert "1.22" in text
 
 
 @pytest.fixture(scope="module")

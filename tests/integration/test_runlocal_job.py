@@ -124,6 +124,7 @@ def build_toolkit(requirements: str, *tag: str) -> subprocess.CompletedProcess[s
 @pytest.fixture(scope="session")
 def toolkit_image(docker_ready: None) -> str:
     """A small training image with the real toolkit, built (or found in the layer cache)."""
+    del docker_ready  # requested for its Docker check only (usefixtures is for tests)
     build = build_toolkit(REQUIREMENTS.read_text(), "--tag", IMAGE)
     assert build.returncode == 0, build.stderr[-3000:]
     return IMAGE
@@ -147,10 +148,12 @@ def test_the_toolkit_set_pins_every_package_with_hashes() -> None:
     assert requirements["sagemaker-pytorch-training"][0] == "3.0.0"
     for name, (version, hashes) in requirements.items():
         assert re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), (name, version)
-        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+        assert hashes, name
+        assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
 
 
-def test_a_package_whose_hash_differs_from_the_set_is_refused(docker_ready: None) -> None:
+@pytest.mark.usefixtures("docker_ready")
+def test_a_package_whose_hash_differs_from_the_set_is_refused() -> None:
     # One small package of the set (no dependencies of its own), every hash of it altered:
     # the same Dockerfile, so the same pip command, must refuse what PyPI serves.
     version, hashes = pinned(REQUIREMENTS.read_text())["jmespath"]
@@ -205,7 +208,9 @@ def test_a_program_gets_its_hyperparameters_and_its_model_lands_on_the_host(
     assert report["status"] == "Completed"
     assert report["output"] == str(out.resolve())
     [host] = report["hosts"]
-    assert host["host"] == "algo-1" and host["exit_code"] == 0 and host["status"] == "completed"
+    assert host["host"] == "algo-1"
+    assert host["exit_code"] == 0
+    assert host["status"] == "completed"
     assert host["model_dir"] == str(out.resolve() / "algo-1" / "model")
     assert host["model_files"] == ["model.json", "weights/w.bin"]
     assert "[algo-1] " in result.stderr, "logs stream to stderr under --json"
@@ -261,15 +266,17 @@ def test_a_failing_program_fails_the_job_with_its_host_code_and_reason(
     assert result.returncode == 11, result.stderr
     assert leftovers(job_name(result.stdout)) == []
     message = result.stderr.strip()
-    assert "Traceback" not in message and len(message.splitlines()) == 1, message
+    assert "Traceback" not in message, message
+    assert len(message.splitlines()) == 1, message
     assert "failed: host algo-1 exited with code 1: ExecuteUserScriptError: ExitCode 1, " \
            "ValueError: learning rate must be positive;" in message
     assert (out / "algo-1" / "output" / "failure").is_file()
     assert "algo-1   failed" in result.stdout
 
 
+@pytest.mark.usefixtures("docker_ready")
 def test_an_image_that_is_not_here_is_refused_and_nothing_is_made(
-        docker_ready: None, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     before = docker_out("network", "ls", "-q")
     out = tmp_path / "job"
     result = invoke("run-local", "--image", f"imageforge-test/absent:{uuid.uuid4().hex[:8]}",
@@ -307,7 +314,8 @@ def test_ctrl_c_or_sigterm_mid_job_removes_everything_and_exits_130(
         started = [out / h / "model" / "started" for h in ("algo-1", "algo-2")]
         deadline = time.monotonic() + 120
         while not all(p.exists() for p in started):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         job = job_name(log.read_text())
         assert len(leftovers(job)) == 5, "two containers (name and label) and the network"

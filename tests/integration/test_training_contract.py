@@ -12,7 +12,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, docker_out, invoke
+
+from tests.integration.conftest import ROOT, docker_out, invoke
 
 EXAMPLE = ROOT / "examples" / "train"
 
@@ -85,7 +86,8 @@ def test_a_failing_program_fails_the_job(code_image: str, tmp_path: Path) -> Non
                           "train"], capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode != 0
     failure = (tmp_path / "output" / "failure").read_text()
-    assert "ExitCode 2" in failure and "train.py --lr 0.1" in failure  # argparse's exit
+    assert "ExitCode 2" in failure  # argparse's exit
+    assert "train.py --lr 0.1" in failure
     assert not (tmp_path / "model" / "model.json").exists()
 
 
@@ -137,8 +139,9 @@ def test_two_hosts_see_each_other_and_log_in_with_keys_made_at_start(code_image:
                                      "cat /root/.ssh/* 2>/dev/null; true")
 
 
+@pytest.mark.usefixtures("code_image")
 def test_a_code_change_rebuilds_only_the_code_stage(sample_manifest: Path, cache_dir: Path,
-                                                    code_image: str, tmp_path: Path) -> None:
+                                                    tmp_path: Path) -> None:
     moved = tmp_path / "elsewhere"
     shutil.copytree(EXAMPLE, moved)
     args = ("--code", str(moved), "--program", "train.py")
@@ -203,7 +206,8 @@ def test_extending_an_image_builds_only_what_its_labels_lack(
     subprocess.run(["docker", "rmi", moved], check=True, capture_output=True)
     assert refused.returncode == 6, refused.stderr
     assert f"image.extends = '{moved}' is sha256:" in refused.stderr
-    assert "run `invoke lock`" in refused.stderr and "Traceback" not in refused.stderr
+    assert "run `invoke lock`" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_extending_with_declared_stages_builds_smddp_and_code_on_top(

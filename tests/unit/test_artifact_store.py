@@ -191,7 +191,8 @@ def held_by_another_process(path: Path, mode: str) -> Iterator[subprocess.Popen[
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path), mode],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
         yield holder
     finally:
         if holder.stdin is not None:

@@ -56,7 +56,7 @@ CHAIN = ["efa", "python", "nccl", "pytorch", "aws-ofi-nccl", "torchvision", "ope
 def sample_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     """The smddp plan of the sample manifest and its committed lock (no network)."""
     cache = tmp_path_factory.mktemp("cache")
-    return project.plan(project.Settings(manifest=ROOT / "manifests/sample.toml",
+    return project.plan(project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
                                          cache_dir=cache), "smddp")
 
 
@@ -67,7 +67,8 @@ def test_baseline_is_one_linear_chain_in_seed_order(sample_plan: Plan) -> None:
     baseline = baseline_dockerfile(sample_plan, STAGES)
     text = baseline.dockerfile
     assert len(re.findall(r"^FROM ", text, flags=re.M)) == 1
-    assert "--from=" not in text and " AS " not in text
+    assert "--from=" not in text
+    assert " AS " not in text
     assert baseline.sections() == CHAIN
     headers = re.findall(r"^# ---- (\S+) ----$", text, flags=re.M)
     assert headers == CHAIN
@@ -97,17 +98,20 @@ def test_baseline_sets_paths_first_and_versions_last(sample_plan: Plan) -> None:
     steps = instructions(baseline.dockerfile)
     envs = [i for i, text in enumerate(steps) if text.startswith("ENV ")]
     assert envs == [1, len(steps) - 1]
-    assert "LD_LIBRARY_PATH=" in steps[1] and "NCCL_VERSION" not in steps[1]
+    assert "LD_LIBRARY_PATH=" in steps[1]
+    assert "NCCL_VERSION" not in steps[1]
     assert 'NCCL_VERSION="2.10.3"' in steps[-1]
     assert image_env(sample_plan)["EFA_VERSION"] == "1.14.1"
 
 
 def test_baseline_follows_the_plan_after_a_pin_change(tmp_path: Path) -> None:
-    settings = project.Settings(manifest=ROOT / "manifests/sample.toml", cache_dir=tmp_path,
+    settings = project.Settings(registry=STAGES,
+                                manifest=ROOT / "manifests/sample.toml", cache_dir=tmp_path,
                                 overrides=("stages.boost.version=1.74.0",
                                            "stages.nccl.version=2.10.3"))
     text = baseline_dockerfile(project.plan(settings, "smddp"), STAGES).dockerfile
-    assert "boost_1_74_0.tar.gz" in text and "boost_1_73_0" not in text
+    assert "boost_1_74_0.tar.gz" in text
+    assert "boost_1_73_0" not in text
 
 
 def test_baseline_from_section_is_the_rest_of_the_chain(sample_plan: Plan) -> None:
@@ -153,7 +157,7 @@ def test_rawjson_reads_padded_step_numbers_and_merges_reports() -> None:
 def test_markdown_table_aligns_and_escapes() -> None:
     text = markdown_table(["a", "n"], [["x|y", "1.0"]], right=(1,))
     assert text.splitlines() == ["| a | n |", "|---|---:|", "| x\\|y | 1.0 |"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has 2 cells, the table 1"):
         markdown_table(["a"], [["1", "2"]])
 
 
@@ -325,29 +329,34 @@ def test_synthetic_graph_is_seeded_acyclic_and_planned_whole(shape: str) -> None
     assert {n: s.deps for n, s in registry.items()} == {n: s.deps for n, s in again.items()}
     assert {n: s.deps for n, s in registry.items()} != {
         n: s.deps for n, s in synthetic_registry(60, seed=8, shape=shape).items()}
-    assert registry[ROOT_STAGE].parent is None and registry[TARGET].image
+    assert registry[ROOT_STAGE].parent is None
+    assert registry[TARGET].image
     assert set(closure(TARGET, registry)) == set(registry)
     names = list(registry)
     for index, name in enumerate(names[1:-1], start=1):
         deps = registry[name].deps
-        assert 1 <= len(deps) <= 3 and all(names.index(d) < index for d in deps)
+        assert 1 <= len(deps) <= 3
+        assert all(names.index(d) < index for d in deps)
         if shape == "deep":
             assert all(index - names.index(d) <= 10 for d in deps)
     planned, text = plan_and_render(synthetic_manifest(registry), registry)
-    assert len(planned.stages) == 60 and text.count("\nFROM ") == 60
+    assert len(planned.stages) == 60
+    assert text.count("\nFROM ") == 60
 
 
 def test_synthetic_measure_reports_one_json_row() -> None:
     row = measure(12, seed=1, runs=2, profile=3)
-    assert row.size == 12 and row.runs == 2 and len(row.profile) == 3
+    assert row.size == 12
+    assert row.runs == 2
+    assert len(row.profile) == 3
     assert row.rss_peak_mb >= row.rss_before_mb > 0
     json.dumps(row.profile)
 
 
 def test_synthetic_graph_needs_three_stages() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs at least 3 stages"):
         synthetic_registry(2, seed=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="shape 'tall': use one of wide, deep"):
         synthetic_registry(10, seed=1, shape="tall")
 
 
@@ -358,8 +367,11 @@ def test_a_run_rewrites_only_the_readme_block_between_its_markers(tmp_path: Path
     readme.write_text(f"intro\n{README_START}\nold tables\n{README_END}\n\nafter\n")
     assert update_readme(readme, "| new | table |\n", 603)
     text = readme.read_text()
-    assert "old tables" not in text and "| new | table |" in text and "603 s" in text
-    assert text.startswith("intro\n") and text.endswith(f"{README_END}\n\nafter\n")
+    assert "old tables" not in text
+    assert "| new | table |" in text
+    assert "603 s" in text
+    assert text.startswith("intro\n")
+    assert text.endswith(f"{README_END}\n\nafter\n")
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not update_readme(plain, "| t |", 1)
@@ -371,6 +383,8 @@ def test_the_large_wide_graph_has_its_time_and_memory_target() -> None:
         return {"size": 10_000, "shape": "wide", "total_seconds": seconds, "rss_peak_mb": rss}
 
     [fast] = evaluate([], None, [row(1.5, 200.0)], CHAIN)
-    assert fast.passed and fast.timing and "10,000" in fast.name
+    assert fast.passed
+    assert fast.timing
+    assert "10,000" in fast.name
     assert [t.passed for t in evaluate([], None, [row(2.5, 200.0)], CHAIN)] == [False]
     assert [t.passed for t in evaluate([], None, [row(1.5, 310.0)], CHAIN)] == [False]

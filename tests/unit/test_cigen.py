@@ -17,6 +17,7 @@ from imageforge.build import BuildOptions, build
 from imageforge.errors import LockError
 from imageforge.execute import is_external
 from imageforge.plan import Plan
+from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "manifests/sample.toml"
@@ -25,7 +26,7 @@ BIN = Path(sys.executable).parent
 
 
 def planned(tmp_path: Path, target: str, *overrides: str) -> Plan:
-    settings = project.Settings(manifest=SAMPLE, overrides=overrides,
+    settings = project.Settings(registry=STAGES, manifest=SAMPLE, overrides=overrides,
                                 cache_dir=tmp_path / "cache")
     return project.plan(settings, target)
 
@@ -39,7 +40,7 @@ def images(tmp_path: Path, *, boost: str | None = None) -> list[cigen.Image]:
                         plan=planned(tmp_path, "smddp", *sets))]
 
 
-def nothing_held(pairs: object) -> set[str]:
+def nothing_held(_pairs: object) -> set[str]:
     return set()
 
 
@@ -59,7 +60,8 @@ def test_one_job_per_distinct_key_each_needing_the_jobs_of_its_deps(tmp_path: Pa
     built = {k for k, s in keys.items() if not is_external(s)}
     assert len(built) == len(keys) - 1          # all but the base image, which is external
     assert sorted(j.key for j in found.jobs) == sorted(built)
-    assert found.distinct == len(keys) and found.in_registry == 0
+    assert found.distinct == len(keys)
+    assert found.in_registry == 0
     ids = [j.id for j in found.jobs]
     assert len(set(ids)) == len(ids)
     for index, job in enumerate(found.jobs):
@@ -92,7 +94,8 @@ def test_keys_the_registry_holds_get_no_job_and_a_pin_change_only_its_dependents
     assert boost.needs == ()                  # what it needs is in the registry already
     wanted = {s.key for i in after for s in i.plan.stages if not is_external(s)}
     assert found.in_registry == len(wanted & held) > 0
-    assert "--set" in boost.argv and "stages.boost.version=1.74.0" in boost.argv
+    assert "--set" in boost.argv
+    assert "stages.boost.version=1.74.0" in boost.argv
 
 
 @pytest.mark.parametrize("fmt", cigen.FORMATS)
@@ -166,14 +169,16 @@ def test_the_example_nightly_workflow_passes_the_linters() -> None:
 
 
 def test_a_job_refuses_a_key_other_than_the_one_it_was_generated_for(tmp_path: Path) -> None:
-    settings = project.Settings(manifest=SAMPLE, cache_dir=tmp_path / "cache")
+    settings = project.Settings(registry=STAGES, manifest=SAMPLE, cache_dir=tmp_path / "cache")
     key = project.plan(settings, "boost").key
-    moved = project.Settings(manifest=SAMPLE, overrides=("stages.boost.version=1.74.0",),
+    moved = project.Settings(registry=STAGES,
+                             manifest=SAMPLE, overrides=("stages.boost.version=1.74.0",),
                              cache_dir=tmp_path / "cache")
     with pytest.raises(LockError) as caught:
         build(moved, BuildOptions(target="boost", expect_key=key))
     assert str(caught.value).startswith("--expect-key: boost's key is sha256:")
-    assert f"not {key}" in str(caught.value) and "run `invoke ci.generate` again" \
+    assert f"not {key}" in str(caught.value)
+    assert "run `invoke ci.generate` again" \
         in str(caught.value)
     assert not (tmp_path / "cache" / "artifacts").exists() or not any(
         (tmp_path / "cache" / "artifacts").rglob("*.json"))
@@ -193,5 +198,6 @@ def test_ci_generate_refuses_bad_options_in_one_sentence(tmp_path: Path, args: t
                             env={"PATH": str(BIN), "INVOKE_IMAGEFORGE_CACHE_DIR":
                                  str(tmp_path / "cache")})
     assert result.returncode == code
-    assert says in result.stderr and "Traceback" not in result.stderr
+    assert says in result.stderr
+    assert "Traceback" not in result.stderr
     assert result.stdout == ""

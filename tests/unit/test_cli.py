@@ -29,14 +29,17 @@ def test_plan_json_has_the_design_shape(manifest: str, target: str) -> None:
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert set(plan) == {"target", "manifest", "stages"}
-    assert plan["target"] == target and plan["manifest"] == manifest
+    assert plan["target"] == target
+    assert plan["manifest"] == manifest
     names = [s["name"] for s in plan["stages"]]
-    assert names[-1] == target and names[0] == "base"
+    assert names[-1] == target
+    assert names[0] == "base"
     seen: set[str] = set()
     for stage in plan["stages"]:
         assert set(stage) == {"name", "deps", "key", "status", "inputs"}
         assert set(stage["deps"]) <= seen, "stages must be in topological order"
-        assert stage["key"].startswith("sha256:") and set(stage["key"][7:]) <= HEX64
+        assert stage["key"].startswith("sha256:")
+        assert set(stage["key"][7:]) <= HEX64
         assert len(stage["key"]) == 71
         assert stage["status"] in ("cached", "remote", "build")
         seen.add(stage["name"])
@@ -57,7 +60,8 @@ def test_check_render_plan_work_offline_on_every_shipped_manifest(name: str) -> 
     assert check.returncode == 0, check.stderr
     target = "efa-nccl" if name == "efa-nccl.toml" else "smddp"
     render = invoke("render", "--target", target, "--manifest", manifest)
-    assert render.returncode == 0 and render.stdout.count("FROM ") >= 4
+    assert render.returncode == 0
+    assert render.stdout.count("FROM ") >= 4
     assert invoke("plan", "--target", target, "--manifest", manifest).returncode == 0
 
 
@@ -72,9 +76,11 @@ def test_bad_set_exits_2_with_one_line_and_no_traceback() -> None:
 
 def test_missing_manifest_and_unknown_target_are_user_errors(tmp_path: Path) -> None:
     missing = invoke("check", "--manifest", str(tmp_path / "nope.toml"))
-    assert missing.returncode == 2 and "no such manifest" in missing.stderr
+    assert missing.returncode == 2
+    assert "no such manifest" in missing.stderr
     unknown = invoke("plan", "--target", "smdp")
-    assert unknown.returncode == 2 and "did you mean 'smddp'" in unknown.stderr
+    assert unknown.returncode == 2
+    assert "did you mean 'smddp'" in unknown.stderr
     assert "Traceback" not in missing.stderr + unknown.stderr
 
 
@@ -83,7 +89,8 @@ def test_plan_graph_writes_dot_coloured_by_status(tmp_path: Path) -> None:
     result = invoke("plan", "--graph", str(out))
     assert result.returncode == 0, result.stderr
     dot = out.read_text()
-    assert '"nccl" -> "pytorch";' in dot and '"efa" -> "aws-ofi-nccl";' in dot
+    assert '"nccl" -> "pytorch";' in dot
+    assert '"efa" -> "aws-ofi-nccl";' in dot
     assert '"boost" -> "pytorch"' not in dot
     assert "fillcolor" in dot
 
@@ -96,7 +103,8 @@ def test_build_dry_run_prints_bake_command_bake_file_and_dockerfile(tmp_path: Pa
         cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
-    assert first.startswith("+ ") and " buildx bake -f " in first
+    assert first.startswith("+ ")
+    assert " buildx bake -f " in first
     bake_text = result.stdout.split("# bake.json\n", 1)[1].split("# Dockerfile\n", 1)[0]
     bake = json.loads(bake_text)
     image = bake["target"]["image"]
@@ -129,7 +137,8 @@ def test_plan_graph_renders_pictures_with_graphviz(tmp_path: Path, suffix: str) 
     data = out.read_bytes()
     if suffix == ".svg":
         text = data.decode()
-        assert text.lstrip().startswith(("<?xml", "<svg")) and "<title>nccl</title>" in text
+        assert text.lstrip().startswith(("<?xml", "<svg"))
+        assert "<title>nccl</title>" in text
     else:
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
 

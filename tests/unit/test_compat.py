@@ -228,7 +228,8 @@ def test_nccl_differing_from_pytorch_pin_is_a_violation_whatever_the_manifest_sa
 
 def test_every_rule_has_an_id_a_manifest_can_name() -> None:
     ids = rule_ids()
-    assert "nccl-pytorch-pin" in ids and "torchvision-pytorch" in ids
+    assert "nccl-pytorch-pin" in ids
+    assert "torchvision-pytorch" in ids
     assert all(rule == rule.lower() and " " not in rule for rule in ids)
 
 
@@ -252,7 +253,8 @@ def test_known_efa() -> None:
     assert installer is not None
     assert (installer.libfabric, installer.bundles_plugin) == (Version("1.22"), False)
     bundling = known_efa("1.38.0")
-    assert bundling is not None and bundling.bundles_plugin
+    assert bundling is not None
+    assert bundling.bundles_plugin
     assert known_efa("1.11.2") is not None
     assert known_efa("1.11.0") is None  # only the 1.11.2 release is known
     assert known_efa("1.27.0") is None

@@ -141,7 +141,8 @@ def test_platform_aws_libfabric_at_its_exact_floor(tmp_path: Path) -> None:
 
 def test_the_installer_that_bundles_the_plugin_starts_at_1_38() -> None:
     at, before = known_efa("1.38.0"), known_efa("1.37.0")
-    assert at is not None and before is not None
+    assert at is not None
+    assert before is not None
     assert (at.bundles_plugin, before.bundles_plugin) == (True, False)
 
 

@@ -63,10 +63,13 @@ def test_the_private_config_is_owner_only_and_holds_the_credentials(temp_root: P
 
 
 def test_nothing_is_left_after_a_failure(temp_root: Path) -> None:
-    with pytest.raises(RuntimeError, match="the build failed"), \
-            remote.credentials([HOST, "other.example:5000"], ENVIRON) as env:
-        assert Path(env["DOCKER_CONFIG"], "config.json").is_file()
-        raise RuntimeError("the build failed")
+    def build_that_fails() -> None:
+        with remote.credentials([HOST, "other.example:5000"], ENVIRON) as env:
+            assert Path(env["DOCKER_CONFIG"], "config.json").is_file()
+            raise RuntimeError("the build failed")
+
+    with pytest.raises(RuntimeError, match="the build failed"):
+        build_that_fails()
     assert secrets_left(temp_root) == []
 
 
@@ -98,9 +101,11 @@ def test_nothing_is_left_after_ctrl_c(tmp_path: Path) -> None:
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout is not None
     config = Path(child.stdout.readline().strip())
-    assert (config / "config.json").is_file() and config.parent == root
+    assert (config / "config.json").is_file()
+    assert config.parent == root
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
-    assert child.returncode != 0 and "KeyboardInterrupt" in err
+    assert child.returncode != 0
+    assert "KeyboardInterrupt" in err
     assert secrets_left(root) == []
     assert secrets_left(home) == []

@@ -16,7 +16,7 @@ from imageforge.stage import Stage
 
 def stage(name: str, deps: tuple[str, ...], parent: str | None = None) -> Stage:
     return Stage(name=name, doc="", deps=deps, parent=parent, fields={},
-                 recipe=lambda ctx: "")
+                 recipe=lambda _ctx: "")
 
 
 def reference(target: str, registry: Mapping[str, Stage]) -> list[str]:
@@ -45,7 +45,7 @@ def graphs(draw: st.DrawFn) -> dict[str, Stage]:
         name = f"s{draw(st.integers(0, 999)):03d}-{index}"
         deps = tuple(draw(st.lists(st.sampled_from(names), max_size=4, unique=True))) \
             if names else ()
-        parent = draw(st.sampled_from(names)) if names and draw(st.booleans()) else None
+        parent = draw(st.sampled_from(names)) if bool(names) and draw(st.booleans()) else None
         registry[name] = stage(name, deps, parent)
         names.append(name)
     return registry

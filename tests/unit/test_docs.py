@@ -16,6 +16,7 @@ import pytest
 from imageforge.manifest import load
 from imageforge.plan import make_plan
 from imageforge.reference import page
+from imageforge.sources import GitSource
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +32,8 @@ def commands() -> list[tuple[str, list[str]]]:
     found = []
     for path in [*DOCS, ROOT / "README.md"]:
         for body in blocks(path, "sh"):
-            for line in body.splitlines():
-                line = line.split("  #", 1)[0].strip()
+            for text in body.splitlines():
+                line = text.split("  #", 1)[0].strip()
                 if line.startswith(".venv/bin/invoke "):
                     found.append((path.name, shlex.split(line)[1:]))
     return found
@@ -55,7 +56,9 @@ def test_the_gdrcopy_example_is_a_working_stage(tmp_path: Path) -> None:
     stage = planned.stage("gdrcopy")
     assert stage.deps == ("base",)
     assert "make -j\"$(nproc)\" prefix=/opt/gdrcopy" in stage.recipe
-    assert stage.sources[0].ref == "v2.4.1"
+    source = stage.sources[0]
+    assert isinstance(source, GitSource)
+    assert source.ref == "v2.4.1"
     changed = make_plan(load(manifest, ("stages.gdrcopy.version=2.4.2",), registry=registry),
                         "gdrcopy", registry)
     assert changed.stage("gdrcopy").key != stage.key

@@ -217,7 +217,7 @@ def test_errors_redact_secrets(server: ScriptedServer, tmp_path: Path) -> None:
 def test_interrupt_leaves_nothing(server: ScriptedServer, tmp_path: Path) -> None:
     server.route("/f", BODY)
 
-    def press_ctrl_c(done: int, total: int | None) -> None:
+    def press_ctrl_c(_done: int, _total: int | None) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(Interrupted, match="interrupted and nothing was kept"):

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from imageforge import export, project
+from imageforge.errors import UsageError
+from stages import STAGES
 
 # Manifests name their files relative to the repository root.
 pytestmark = pytest.mark.usefixtures("in_repo_root")
@@ -21,7 +23,8 @@ def test_a_tar_destination_uses_the_tar_exporter_while_written_under_another_nam
 
 
 def test_the_export_holds_each_gathered_stage_and_nothing_of_the_base() -> None:
-    planned = project.plan(project.Settings(manifest=Path("manifests/real-efa-nccl.toml")),
+    planned = project.plan(project.Settings(registry=STAGES,
+                                            manifest=Path("manifests/real-efa-nccl.toml")),
                            "efa-nccl")
     stages = export.exported_stages(planned)
     assert [s.name for s in stages] == ["efa", "nccl", "aws-ofi-nccl", "nccl-tests"]
@@ -33,9 +36,9 @@ def test_the_export_holds_each_gathered_stage_and_nothing_of_the_base() -> None:
 
 
 def test_a_missing_parent_directory_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    with pytest.raises(export.UsageError, match="does not exist"):
+    with pytest.raises(UsageError, match="does not exist"):
         export.check_destination(tmp_path / "no" / "tree")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "file").write_text("x")
-    with pytest.raises(export.UsageError, match="not empty"):
+    with pytest.raises(UsageError, match="not empty"):
         export.check_destination(tmp_path / "full")

@@ -15,13 +15,14 @@ from imageforge import golden, project
 from imageforge.errors import FatalError, ImageCheckError
 from imageforge.nightly import Nightly, Step, junit, markdown, notify
 from imageforge.plan import Plan
+from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = datetime(2026, 11, 29, tzinfo=UTC)
 
 
 def plan(manifest: str, target: str) -> Plan:
-    return project.plan(project.Settings(manifest=ROOT / manifest), target)
+    return project.plan(project.Settings(registry=STAGES, manifest=ROOT / manifest), target)
 
 
 def test_default_tag_names_every_component_and_the_date() -> None:

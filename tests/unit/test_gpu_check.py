@@ -14,7 +14,8 @@ RECORD = ROOT / "docs/real-hardware/h200-one-gpu.json"
 
 def gpu_check() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts/gpu_check.py")
-    assert spec and spec.loader
+    assert spec
+    assert spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = module
     spec.loader.exec_module(module)
@@ -29,9 +30,11 @@ def test_rows_of_a_real_sendrecv_run() -> None:
     module = gpu_check()
     rows = module.parse_rows(recorded("sendrecv_perf"))
     assert len(rows) == 26
-    assert rows[0]["size"] == "8" and rows[-1]["size"] == "268435456"
+    assert rows[0]["size"] == "8"
+    assert rows[-1]["size"] == "268435456"
     at_256m = module.row_at(rows, "256M")
-    assert at_256m["busbw_oop"] == "1691.9" and at_256m["wrong_oop"] == "0"
+    assert at_256m["busbw_oop"] == "1691.9"
+    assert at_256m["wrong_oop"] == "0"
     assert at_256m["wrong_ip"] == "N/A"
 
 
@@ -39,7 +42,8 @@ def test_avg_rows_and_the_version_lines() -> None:
     module = gpu_check()
     out = recorded("all_reduce_perf -o avg")
     rows = module.parse_rows(out)
-    assert len(rows) == 26 and {r["redop"] for r in rows} == {"avg"}
+    assert len(rows) == 26
+    assert {r["redop"] for r in rows} == {"avg"}
     assert module.NCCL_VERSION.search(out).group(1) == "2.30.7+cuda13.0"
     tests = module.TESTS_VERSION.search(out)
     assert tests.group(2) == tests.group(3) == "23007"

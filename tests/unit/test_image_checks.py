@@ -44,9 +44,12 @@ def test_each_check_gets_its_exit_code_output_and_time() -> None:
     found = outcomes_of("echo hello; echo to-stderr >&2",
                         "printf 'no newline at the end'; exit 3",
                         "sleep 0.2")
-    assert found[0].exit_code == 0 and found[0].output == "hello\nto-stderr"
-    assert found[1].exit_code == 3 and found[1].output == "no newline at the end"
-    assert found[2].exit_code == 0 and 0.2 <= found[2].seconds < 5
+    assert found[0].exit_code == 0
+    assert found[0].output == "hello\nto-stderr"
+    assert found[1].exit_code == 3
+    assert found[1].output == "no newline at the end"
+    assert found[2].exit_code == 0
+    assert 0.2 <= found[2].seconds < 5
 
 
 def test_quotes_heredocs_and_stdin_readers_stay_inside_their_check() -> None:
@@ -60,17 +63,20 @@ def test_quotes_heredocs_and_stdin_readers_stay_inside_their_check() -> None:
 
 def test_a_hung_check_stops_at_the_limit_and_the_run_goes_on() -> None:
     found = outcomes_of("sleep 30", "echo after", timeout=1)
-    assert found[0].exit_code == 124 and found[0].seconds < 10
+    assert found[0].exit_code == 124
+    assert found[0].seconds < 10
     assert found[1].output == "after"
 
 
 def test_a_check_the_container_never_finished_fails_with_why() -> None:
     stdout = f"{MARKER} begin 0\nok\n\n{MARKER} end 0 0 1000\n{MARKER} begin 1\npartial"
     found = checks.parse(stdout, marker=MARKER)
-    assert found[0].exit_code == 0 and found[1].exit_code is None
+    assert found[0].exit_code == 0
+    assert found[1].exit_code is None
     planned = PlannedCheck(stage="nccl", check=Check(name="c1", script="true"))
     result = checks.result_of(planned, found.get(1), "the container exited with 137")
-    assert result.result == "fail" and "partial" in result.output
+    assert result.result == "fail"
+    assert "partial" in result.output
     assert "did not finish: the container exited with 137" in result.output
     assert checks.result_of(planned, None, "gone").result == "fail"
 
@@ -81,6 +87,7 @@ def fake_docker(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
     def run(args: Sequence[str], *, timeout: float | None = None,
             input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        del timeout  # the stub runs the host's bash without the limit
         calls.append(list(args))
         return subprocess.run(["bash", "-s"], input=input, capture_output=True, check=False)
 
@@ -103,11 +110,14 @@ def test_hardware_checks_are_skipped_not_run_unless_asked(monkeypatch: pytest.Mo
                planned_check("nccl", "broken", "echo bad; exit 1")]
     results = checks.run_checks("img", planned)
     assert [r.result for r in results] == ["ok", "skipped", "skipped", "fail"]
-    assert results[1].output == "needs hardware" and not flag.exists()
+    assert results[1].output == "needs hardware"
+    assert not flag.exists()
     assert len(calls) == 1, "every check of an image runs in one container"
-    assert calls[0][-3:] == ["bash", "img", "-s"] and "--gpus" not in calls[0]
+    assert calls[0][-3:] == ["bash", "img", "-s"]
+    assert "--gpus" not in calls[0]
     results = checks.run_checks("img", planned, hardware=True)
-    assert [r.result for r in results] == ["ok", "ok", "ok", "fail"] and flag.exists()
+    assert [r.result for r in results] == ["ok", "ok", "ok", "fail"]
+    assert flag.exists()
 
 
 def test_hardware_args_hand_over_the_hosts_devices(tmp_path: Path) -> None:
@@ -117,14 +127,16 @@ def test_hardware_args_hand_over_the_hosts_devices(tmp_path: Path) -> None:
     (tmp_path / "infiniband" / "uverbs0").touch()
     args = checks.hardware_args(tmp_path)
     assert args[:2] == ["--gpus", "all"]
-    assert f"--device={tmp_path}/infiniband/uverbs0" in args and "memlock=-1:-1" in args
+    assert f"--device={tmp_path}/infiniband/uverbs0" in args
+    assert "memlock=-1:-1" in args
 
 
 def test_environment_check_compares_with_what_the_stage_declares() -> None:
-    ctx = project.plan(project.Settings(manifest=ROOT / "manifests/sample.toml"),
+    ctx = project.plan(project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml"),
                        "smddp").context
     check = checks.environment_check(STAGES["efa"], ctx)
-    assert check is not None and "RDMAV_FORK_SAFE" in check.name
+    assert check is not None
+    assert "RDMAV_FORK_SAFE" in check.name
     good = {"RDMAV_FORK_SAFE": "1", "EFA_VERSION": "1.14.1",
             "PATH": "/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:/usr/bin",
             "LD_LIBRARY_PATH": "/x:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib"}
@@ -140,7 +152,8 @@ def test_environment_check_compares_with_what_the_stage_declares() -> None:
     ("manifests/sample.toml", "smddp"), ("manifests/smddp.toml", "smddp"),
     ("manifests/efa-nccl.toml", "efa-nccl"), ("manifests/pt25-cu124.toml", "smddp")])
 def test_every_image_script_is_valid_bash(manifest: str, target: str, tmp_path: Path) -> None:
-    planned = project.plan(project.Settings(manifest=ROOT / manifest, cache_dir=tmp_path),
+    planned = project.plan(project.Settings(registry=STAGES,
+                                            manifest=ROOT / manifest, cache_dir=tmp_path),
                            target)
     found = checks.image_checks(planned)
     assert {c.stage for c in found} >= {"efa", "nccl", "aws-ofi-nccl"}
@@ -174,13 +187,15 @@ def test_one_libnccl_counts_files_not_names(tmp_path: Path) -> None:
     (two / "libnccl.so.2.11.4").write_bytes(b"y")
     double = bash(script, {**env, "LD_LIBRARY_PATH": f"{one}:{two}"})
     assert double.returncode != 0
-    assert "2 libnccl.so* visible" in double.stdout and "libnccl.so.2.11.4" in double.stdout
+    assert "2 libnccl.so* visible" in double.stdout
+    assert "libnccl.so.2.11.4" in double.stdout
 
 
 def test_links_reports_missing_files_and_unresolved_libraries(tmp_path: Path) -> None:
     assert bash(smoke.links("/bin/sh")).returncode == 0
     missing = bash(smoke.links(f"{tmp_path}/*.so"))
-    assert missing.returncode != 0 and "missing" in missing.stdout
+    assert missing.returncode != 0
+    assert "missing" in missing.stdout
     ldd = tmp_path / "bin" / "ldd"
     ldd.parent.mkdir()
     ldd.write_text("#!/bin/sh\nprintf '\\tlibcuda.so.1 => not found\\n'\n"
@@ -190,7 +205,8 @@ def test_links_reports_missing_files_and_unresolved_libraries(tmp_path: Path) ->
     # The driver library comes from the host with the GPU, not from the image.
     assert bash(smoke.links("/bin/sh"), env).returncode == 0
     unresolved = bash(smoke.links("/bin/sh"), {**env, "LIBFABRIC": "1"})
-    assert unresolved.returncode != 0 and "libfabric.so.1 => not found" in unresolved.stdout
+    assert unresolved.returncode != 0
+    assert "libfabric.so.1 => not found" in unresolved.stdout
 
 
 def result(stage: str, name: str, state: str, output: str = "", needs: Needs = "none",
@@ -215,18 +231,22 @@ def test_table_lists_every_check_and_the_failed_output() -> None:
     text = checkreport.table(sample_run(failing=True))
     rows = text.splitlines()
     assert rows[0].split() == ["stage", "check", "result", "seconds"]
-    assert "needs hardware" in rows[2] and rows[2].rstrip().endswith("-")
-    assert "FAIL" in rows[3] and "0.50" in rows[3]
+    assert "needs hardware" in rows[2]
+    assert rows[2].rstrip().endswith("-")
+    assert "FAIL" in rows[3]
+    assert "0.50" in rows[3]
     assert "--- FAIL pytorch: libnccl loaded by import torch" in text
     assert "1 ok, 1 failed, 1 skipped: needs hardware" in text
 
 
 def test_json_report_has_every_check_with_its_reason() -> None:
     data = checkreport.to_json(sample_run(failing=True))
-    assert data["passed"] is False and data["digest"].startswith("sha256:")
+    assert data["passed"] is False
+    assert data["digest"].startswith("sha256:")
     assert [r["result"] for r in data["results"]] == ["ok", "skipped", "fail"]
     skipped = data["results"][1]
-    assert skipped["reason"] == "needs hardware" and skipped["needs"] == "efa"
+    assert skipped["reason"] == "needs hardware"
+    assert skipped["needs"] == "efa"
     assert data["results"][0]["reason"] is None
     json.dumps(data)
 
@@ -237,15 +257,19 @@ def test_junit_xml_is_well_formed_with_skips_and_failures(tmp_path: Path) -> Non
     checkreport.write_reports(run, junit_path=path)
     root = ET.parse(path).getroot()
     suite = root.find("testsuite")
-    assert root.tag == "testsuites" and suite is not None
+    assert root.tag == "testsuites"
+    assert suite is not None
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
     cases = suite.findall("testcase")
     assert [c.get("classname") for c in cases] == ["smddp.efa", "smddp.efa", "smddp.pytorch"]
     skipped = cases[1].find("skipped")
-    assert skipped is not None and skipped.attrib == {"message": "needs hardware"}
+    assert skipped is not None
+    assert skipped.attrib == {"message": "needs hardware"}
     failure = cases[2].find("failure")
-    assert failure is not None and failure.text is not None
-    assert "reports NCCL 2.11.4" in failure.text and "\x1b" not in failure.text
+    assert failure is not None
+    assert failure.text is not None
+    assert "reports NCCL 2.11.4" in failure.text
+    assert "\x1b" not in failure.text
     assert (failure.get("message") or "").startswith("exit 1: ")
 
 
@@ -255,7 +279,8 @@ def test_record_is_kept_by_digest_only_while_runs_pass(tmp_path: Path) -> None:
     record = tmp_path / "tests" / f"{passing.digest}.json"
     assert written == [tmp_path / "r.json", record]
     found = checkreport.passed_record(tmp_path, passing.digest)
-    assert found is not None and found["image"] == "img:tag"
+    assert found is not None
+    assert found["image"] == "img:tag"
     assert checkreport.publish(tmp_path, sample_run(failing=True)) == []
     assert checkreport.passed_record(tmp_path, passing.digest) is None
 
@@ -267,7 +292,8 @@ def test_require_passed_names_each_failed_check_and_its_last_line() -> None:
     message = str(caught.value)
     assert caught.value.return_code == 10
     assert "1 of 3 checks failed in img:tag: pytorch: libnccl loaded by import torch" in message
-    assert "2.11.4" in message and "2.10.3" in message
+    assert "2.11.4" in message
+    assert "2.10.3" in message
 
 
 def built(monkeypatch: pytest.MonkeyPatch, run: CheckRun) -> list[str]:
@@ -276,11 +302,12 @@ def built(monkeypatch: pytest.MonkeyPatch, run: CheckRun) -> list[str]:
 
     checked: list[str] = []
 
-    def fake_build(settings: project.Settings, options: Any) -> BuildResult:
+    def fake_build(_settings: project.Settings, options: Any) -> BuildResult:
         return BuildResult(target=options.target, tag="img:tag", stages=(), seconds=1.0,
                            report=None)
 
-    def fake_tests(planned: Any, image: str, *, hardware: bool = False) -> CheckRun:
+    def fake_tests(_planned: Any, image: str, *, hardware: bool = False) -> CheckRun:
+        del hardware  # the stub answers with the given run either way
         checked.append(image)
         return run
 
@@ -301,10 +328,12 @@ def test_build_exits_10_after_tagging_when_a_check_fails(monkeypatch: pytest.Mon
     checked = built(monkeypatch, sample_run(failing=True))
     with pytest.raises(Exit) as caught:
         tasks.build(invoke_context(tmp_path), target="smddp")
-    assert caught.value.code == 10 and checked == ["img:tag"]
+    assert caught.value.code == 10
+    assert checked == ["img:tag"]
     assert "libnccl loaded by import torch" in str(caught.value.message)
     out = capsys.readouterr().out
-    assert "image img:tag" in out and "--- FAIL pytorch" in out
+    assert "image img:tag" in out
+    assert "--- FAIL pytorch" in out
 
 
 def test_build_skips_checks_with_no_test_push_or_a_builder_target(

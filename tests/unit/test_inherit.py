@@ -30,7 +30,8 @@ prefix = "/opt/nccl"
 
 
 def keys(path: Path) -> dict[str, str]:
-    planned = project.plan(project.Settings(manifest=path, cache_dir=path.parent / "cache"),
+    planned = project.plan(project.Settings(registry=STAGES,
+                                            manifest=path, cache_dir=path.parent / "cache"),
                            "smddp")
     return {s.name: s.key for s in planned.stages}
 
@@ -63,7 +64,8 @@ def test_a_chain_and_set_apply_nearest_first(tmp_path: Path) -> None:
     text = show(grandchild, ("stages.efa.version=1.15.1",), registry=STAGES)
     assert f"{grandchild}:4" in text.split('prefix = "/opt/n2"')[1].splitlines()[0]
     assert "--set stages.efa.version=1.15.1" in text
-    assert f"{tmp_path / 'child.toml'}:" in text and f"{PARENT}:" in text
+    assert f"{tmp_path / 'child.toml'}:" in text
+    assert f"{PARENT}:" in text
 
 
 def test_a_loop_and_a_missing_parent_are_one_clear_error(tmp_path: Path) -> None:
@@ -94,7 +96,8 @@ def test_invoke_show_and_check_through_the_cli(tmp_path: Path) -> None:
     looped = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "check",
                              "--manifest", str(tmp_path / "a.toml")], capture_output=True,
                             text=True, env=env, check=False)
-    assert looped.returncode == 2 and "makes a loop" in looped.stderr
+    assert looped.returncode == 2
+    assert "makes a loop" in looped.stderr
     assert "Traceback" not in looped.stderr
     child = tmp_path / "child.toml"
     child.write_text(CHILD)

@@ -43,7 +43,7 @@ CHANGED: dict[str, str] = {
 }
 
 
-def changed_value(key: str, field: Field, current: Any) -> str:
+def changed_value(field: Field, current: Any) -> str:
     """An override string giving `key` a different valid value."""
     if field.choices:
         return next(c for c in field.choices if c != current)
@@ -87,7 +87,7 @@ def test_a_pin_changes_its_stage_and_dependents_only(manifest: Path, target: str
     loaded = load(manifest, registry=STAGES)
     current = loaded.stages.get(stage, {}).get(key, field.default)
     before = keys(manifest, target)
-    after = keys(manifest, target, (f"stages.{stage}.{key}={changed_value(key, field, current)}",))
+    after = keys(manifest, target, (f"stages.{stage}.{key}={changed_value(field, current)}",))
     moved = {n for n in before if before[n] != after[n]}
     assert moved == dependents(stage, target)
 
@@ -98,7 +98,7 @@ def test_resolution_and_verification_keys_change_no_key(manifest: Path, target: 
                                                         key: str) -> None:
     field = STAGES[stage].fields[key]
     current = load(manifest, registry=STAGES).stages.get(stage, {}).get(key, field.default)
-    override = f"stages.{stage}.{key}={changed_value(key, field, current)}"
+    override = f"stages.{stage}.{key}={changed_value(field, current)}"
     assert keys(manifest, target, (override,)) == keys(manifest, target)
 
 
@@ -106,7 +106,7 @@ def test_resolution_and_verification_keys_change_no_key(manifest: Path, target: 
                                  "python"])
 def test_an_image_pin_changes_exactly_the_stages_that_use_it(key: str) -> None:
     loaded = load(SMDDP, registry=STAGES)
-    value = changed_value(key, IMAGE_FIELDS[key], loaded.image[key])
+    value = changed_value(IMAGE_FIELDS[key], loaded.image[key])
     before = keys(SMDDP, "smddp")
     extra = (f"stages.python.version={value}",) if key == "python" else ()
     after = keys(SMDDP, "smddp", (f"image.{key}={value}", *extra))
@@ -130,7 +130,9 @@ def test_keys_are_identical_from_another_directory_and_process(tmp_path: Path) -
     shutil.copy(SMDDP, copy)
     script = (
         "import json, sys; from pathlib import Path; from imageforge import project; "
-        "p = project.plan(project.Settings(manifest=Path(sys.argv[1])), 'smddp'); "
+        "from stages import STAGES; "
+        "p = project.plan(project.Settings(registry=STAGES, manifest=Path(sys.argv[1])), "
+        "'smddp'); "
         "print(json.dumps({s.name: s.key for s in p.stages}))"
     )
     out = subprocess.run([sys.executable, "-c", script, str(copy)], cwd=tmp_path,
@@ -150,6 +152,7 @@ def test_recipe_text_is_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_key_is_sha256_of_canonical_document() -> None:
-    plan = project.plan(project.Settings(manifest=SMDDP), "boost")
+    plan = project.plan(project.Settings(registry=STAGES, manifest=SMDDP), "boost")
     for stage in plan.stages:
-        assert stage.key.startswith("sha256:") and len(stage.key) == 71
+        assert stage.key.startswith("sha256:")
+        assert len(stage.key) == 71

@@ -13,6 +13,7 @@ import pytest
 from imageforge import project
 from imageforge.errors import LockError, SourceError
 from sample.serve import ServerHandle
+from stages import STAGES
 from tests.unit.conftest import ROOT, sample_manifest
 
 pytestmark = pytest.mark.usefixtures("isolated_git")
@@ -26,7 +27,7 @@ UNPINNED_SMDDP = {
 
 
 def settings(manifest: Path, *overrides: str) -> project.Settings:
-    return project.Settings(manifest=manifest, overrides=overrides,
+    return project.Settings(registry=STAGES, manifest=manifest, overrides=overrides,
                             cache_dir=manifest.parent / "cache")
 
 
@@ -91,4 +92,5 @@ def test_lock_check_is_stale_after_a_set(sample_server: ServerHandle, tmp_path: 
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert cli.returncode == 8, cli.stderr
-    assert "stale" in cli.stderr and "Traceback" not in cli.stderr
+    assert "stale" in cli.stderr
+    assert "Traceback" not in cli.stderr

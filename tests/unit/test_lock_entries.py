@@ -38,7 +38,7 @@ def sample_lock() -> lock.Lock:
 
 def settled(overrides: Sequence[str] = (), manifest: Path = SAMPLE) -> lock.Settled:
     return lock.settle(load(manifest, overrides, registry=STAGES), sample_lock(), STAGES,
-                       local_id=lambda ref: LOCAL_ID)
+                       local_id=lambda _ref: LOCAL_ID)
 
 
 def stale(result: lock.Settled) -> set[str]:
@@ -97,8 +97,10 @@ def test_lock_check_names_exactly_the_stale_entries(tmp_path: Path) -> None:
     with pytest.raises(LockError) as refused:
         lock.check(raw, sample_lock(), tmp_path / "sample.lock.json", registry=STAGES)
     message = str(refused.value)
-    assert "stale entries stages.efa.src-efa" in message and "invoke lock" in message
-    assert "stages.boost" not in message and "base" not in message.split("stale")[1]
+    assert "stale entries stages.efa.src-efa" in message
+    assert "invoke lock" in message
+    assert "stages.boost" not in message
+    assert "base" not in message.split("stale")[1]
 
 
 def test_a_written_lock_reads_back_and_holds_no_machine_local_fact(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def api() -> Iterator[ScriptedServer]:
 
 
 def settings(manifest: Path, *overrides: str) -> project.Settings:
-    return project.Settings(manifest=manifest, overrides=overrides,
+    return project.Settings(registry=STAGES, manifest=manifest, overrides=overrides,
                             cache_dir=manifest.parent / "cache")
 
 
@@ -138,7 +138,8 @@ def test_a_bad_policy_is_a_manifest_error(tmp_path: Path) -> None:
 
 def test_versions_order_flavours_and_skip_pre_releases() -> None:
     assert parse_version("1.1.3-aws") == parse_version("1.1.3")
-    assert parse_version("v1") is not None and parse_version("main") is None
+    assert parse_version("v1") is not None
+    assert parse_version("main") is None
     releases = ["1.14.1", "1.15.1", "1.16.0rc1", "1.15.2.dev0", "2.0.0", "1.1.3-aws"]
     assert newest(releases, "~=1.14") == "1.15.1"
     assert newest(["1.2.0-aws", "1.1.3-aws", "1.3.0-rc1"], ">=1.1") == "1.2.0-aws"
@@ -184,7 +185,8 @@ def test_github_tags_api_with_token(api: ScriptedServer,
     api.route("/repos/aws/aws-ofi-nccl/tags", status=403)
     with pytest.raises(SourceError) as refused:
         upstream.url_releases(url, endpoints)
-    assert "403" in str(refused.value) and TOKEN not in str(refused.value)
+    assert "403" in str(refused.value)
+    assert TOKEN not in str(refused.value)
     assert TOKEN not in "".join(capsys.readouterr())
 
 

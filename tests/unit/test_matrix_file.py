@@ -57,7 +57,8 @@ def test_a_bad_matrix_is_one_sentence_naming_file_and_image(tmp_path: Path, text
     path = write(tmp_path, text)
     with pytest.raises(ManifestError) as caught:
         load(path)
-    assert says in str(caught.value) and str(path) in str(caught.value)
+    assert says in str(caught.value)
+    assert str(path) in str(caught.value)
 
 
 def test_the_summary_counts_each_shared_key_once() -> None:
@@ -71,7 +72,8 @@ def test_the_summary_counts_each_shared_key_once() -> None:
              planned("smddp", {"base": "k0", "efa": "k1", "nccl": "k2", "smddp": "k4"},
                      {"base": "cached", "efa": "build", "nccl": "build", "smddp": "build"})]
     found = summary(plans)
-    assert found["stage_slots"] == 8 and found["distinct_keys"] == 5
+    assert found["stage_slots"] == 8
+    assert found["distinct_keys"] == 5
     assert found["keys_to_build"] == 4
     assert found["images"][1]["builds"] == ["smddp"]
     assert found["images"][1]["shared"] == ["base", "efa", "nccl"]

@@ -21,6 +21,7 @@ from imageforge import project
 from imageforge.errors import ManifestError, SourceError
 from imageforge.mirror import Locations, Rewrite, parse_rewrites
 from sample.serve import ServerHandle
+from stages import STAGES
 from tests.servers import ScriptedServer
 from tests.unit.conftest import ROOT, sample_manifest
 
@@ -32,7 +33,7 @@ SUBMODULES = ("stages.pytorch.submodules=true",)
 
 
 def settings(manifest: Path, cache: str = "cache", **more: Any) -> project.Settings:
-    return project.Settings(manifest=manifest, overrides=SUBMODULES,
+    return project.Settings(registry=STAGES, manifest=manifest, overrides=SUBMODULES,
                             cache_dir=manifest.parent / cache, **more)
 
 
@@ -155,7 +156,8 @@ def test_a_source_missing_from_the_mirror_is_named(
     project.write_lock(settings(manifest), upgrade=False)
     project.mirror_sync(settings(manifest), tmp_path / "mirror")
     newer = ("stages.boost.version=1.74.0", 'stages.boost.sha256=' + "0" * 64)
-    s = project.Settings(manifest=manifest, overrides=newer, cache_dir=tmp_path / "c",
+    s = project.Settings(registry=STAGES,
+                         manifest=manifest, overrides=newer, cache_dir=tmp_path / "c",
                          mirror=str(tmp_path / "mirror"))
     with pytest.raises(SourceError) as refused:
         project.fetch(s, "boost")
@@ -200,7 +202,8 @@ def test_rewrite_rules_come_from_the_invoke_config(sample_server: ServerHandle,
                             text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
     text = manifest.with_name("sample.lock.json").read_text()
-    assert f"{original}/git/nccl.git" in text and sample_server.url not in text
+    assert f"{original}/git/nccl.git" in text
+    assert sample_server.url not in text
 
 
 def test_bad_rewrite_rules_are_refused() -> None:

@@ -14,6 +14,7 @@ import pytest
 from imageforge import cachecmd, project
 from imageforge.artifacts import ArtifactStore, Entry
 from imageforge.errors import UsageError
+from stages import STAGES
 from tests.oci_layout import key_of, oci_layout
 
 
@@ -35,7 +36,7 @@ def _add(settings: project.Settings, name: str, stage: str, *, age: float,
 
 @pytest.fixture
 def settings(tmp_path: Path) -> project.Settings:
-    return project.Settings(cache_dir=tmp_path / "cache")
+    return project.Settings(registry=STAGES, cache_dir=tmp_path / "cache")
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -98,7 +99,8 @@ def test_prune_by_age_removes_only_older_entries_and_reports_each(
     new = _add(settings, "new", "nccl", age=3600)
     out = cachecmd.prune(settings, max_size=None, older_than="2d", keep_last=0)
     store = project.artifact_store(settings)
-    assert store.get(old.key) is None and store.get(new.key) is not None
+    assert store.get(old.key) is None
+    assert store.get(new.key) is not None
     lines = out.splitlines()
     assert lines[0] == f"removed nccl {old.key[:19]} ({cachecmd.human_size(old.size)})"
     assert lines[1] == f"1 removed; {cachecmd.human_size(store.size())} left"
@@ -181,7 +183,7 @@ def _last(settings: project.Settings, name: str, record: dict[str, object]) -> N
 
 
 def test_explain_gives_each_rebuild_its_reason(tmp_path: Path) -> None:
-    settings = project.Settings(manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
+    settings = project.Settings(registry=STAGES, manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
     plan = project.plan(settings, "efa-nccl")
     order = [s.name for s in plan.stages]
     assert order == ["base", "efa", "nccl", "aws-ofi-nccl", "nccl-tests", "efa-nccl"]
@@ -212,7 +214,7 @@ def test_explain_gives_each_rebuild_its_reason(tmp_path: Path) -> None:
 
 
 def test_explain_with_everything_cached_says_so(tmp_path: Path) -> None:
-    settings = project.Settings(manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
+    settings = project.Settings(registry=STAGES, manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
     store = project.artifact_store(settings)
     for i, stage in enumerate(project.plan(settings, "efa-nccl").stages):
         store.add(key=stage.key, stage=stage.name, inputs=dict(stage.inputs), build_seconds=1,

@@ -21,6 +21,7 @@ import pytest
 from imageforge import cachecmd, project
 from imageforge import remote as remote_mod
 from imageforge.errors import CacheError
+from stages import STAGES as STAGE_REGISTRY
 from tests.oci_layout import oci_layout
 
 EFA_NCCL = Path(__file__).resolve().parents[2] / "manifests/efa-nccl.toml"
@@ -142,7 +143,8 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> project.Settings:
-    return project.Settings(manifest=EFA_NCCL, cache_dir=tmp_path / "cache", remote=REPO)
+    return project.Settings(registry=STAGE_REGISTRY,
+                            manifest=EFA_NCCL, cache_dir=tmp_path / "cache", remote=REPO)
 
 
 @pytest.fixture
@@ -177,7 +179,8 @@ def test_pull_fetches_the_stages_to_build_that_the_registry_holds(
     store = project.artifact_store(settings)
     for name in ("nccl", "nccl-tests"):
         entry = store.get(keys[name])
-        assert entry is not None and entry.stage == name
+        assert entry is not None
+        assert entry.stage == name
         assert _index(entry.path) == _index(registry.path(name, keys[name]))
     assert {e.stage for e in store.all_entries()} == {"base", "efa", "nccl", "nccl-tests"}
 
@@ -276,8 +279,9 @@ def test_push_for_a_target_sends_only_its_stages_that_are_cached(
     assert not registry.holds("nccl", keys["nccl"])
 
 
+@pytest.mark.usefixtures("keys")
 def test_push_with_nothing_cached_for_the_target_pushes_nothing(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: project.Settings, registry: Registry) -> None:
     _store_locally(settings, "other", "sha256:" + "0f" * 32)
     assert cachecmd.push(settings, "nccl") == f"pushed 0 of 0 artifacts to {REPO}"
     assert registry.seen("push") == []

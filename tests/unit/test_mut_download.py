@@ -125,7 +125,8 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert dl._retry_after(_response(**{"Retry-After": past})) == 0.0
     future = email.utils.formatdate(time.time() + 100, usegmt=True)
     waited = dl._retry_after(_response(**{"Retry-After": future}))
-    assert waited is not None and 95 < waited <= 100
+    assert waited is not None
+    assert 95 < waited <= 100
 
 
 def test_content_length_and_validators() -> None:
@@ -162,7 +163,8 @@ def test_request_headers_ask_for_the_rest_only_of_a_resumable_body(tmp_path: Pat
 def test_content_range_must_continue_where_the_body_stopped(tmp_path: Path) -> None:
     ok = _transfer(tmp_path, b"x" * 10, total=100)
     dl._check_content_range(_response(206, **{"Content-Range": " bytes 10-99/100 "}), ok)
-    assert ok.total == 100 and ok.sink.received == 10
+    assert ok.total == 100
+    assert ok.sink.received == 10
     unknown_total = _transfer(tmp_path, b"x" * 10)
     dl._check_content_range(_response(206, **{"Content-Range": "bytes 10-99/*"}), unknown_total)
     assert unknown_total.total is None
@@ -175,7 +177,8 @@ def test_content_range_must_continue_where_the_body_stopped(tmp_path: Path) -> N
         with pytest.raises(dl._Transient) as transient:
             dl._check_content_range(_response(206, **{"Content-Range": header}), wrong)
         assert transient.value.reason == "the server resumed at the wrong offset"
-        assert wrong.sink.received == 0 and not wrong.resumable
+        assert wrong.sink.received == 0
+        assert not wrong.resumable
     no_header = _transfer(tmp_path, b"x" * 10, total=100)
     with pytest.raises(dl._Transient, match="the server resumed at the wrong offset"):
         dl._check_content_range(_response(206), no_header)
@@ -255,8 +258,8 @@ def test_giving_up_names_the_attempts_and_the_last_reason(httpserver: HTTPServer
     assert len(httpserver.log) == 3
 
 
-def test_a_short_body_is_retried_from_where_it_stopped(httpserver: HTTPServer,
-                                                       tmp_path: Path) -> None:
+@pytest.mark.usefixtures("httpserver")
+def test_a_short_body_is_retried_from_where_it_stopped(tmp_path: Path) -> None:
     assert dl._user_agent().startswith("imageforge/")
     t = _transfer(tmp_path, total=10)
     t.sink.write(b"12345")
@@ -264,7 +267,8 @@ def test_a_short_body_is_retried_from_where_it_stopped(httpserver: HTTPServer,
     class Raw:
         @staticmethod
         def stream(size: int, decode_content: bool) -> list[bytes]:
-            assert size == dl.CHUNK_SIZE and decode_content is False
+            assert size == dl.CHUNK_SIZE
+            assert decode_content is False
             return [b"678"]
 
     response = _response(200)

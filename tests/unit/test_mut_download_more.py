@@ -199,7 +199,7 @@ def test_the_partial_file_is_hidden_beside_the_destination(tmp_path: Path) -> No
     dest = tmp_path / "out" / "efa.tar.gz"
     during: list[list[str]] = []
 
-    def look(done: int, total: int | None) -> None:
+    def look(_done: int, _total: int | None) -> None:
         during.append([p.name for p in _partials(dest.parent)])
 
     dl.download(str(source), dest, sha256=SHA, on_progress=look)
@@ -214,7 +214,7 @@ def _removing_the_partial_then(dest: Path, error: BaseException
                                ) -> dl.Progress:
     """A progress callback that deletes the partial file (as a concurrent clean-up would), then
     raises `error`."""
-    def report(done: int, total: int | None) -> None:
+    def report(_done: int, _total: int | None) -> None:
         for partial in _partials(dest.parent):
             partial.unlink()
         raise error
@@ -255,7 +255,7 @@ def test_interrupt_stops_a_stalled_read_at_once(server: ScriptedServer, tmp_path
     def fetch() -> None:
         try:
             dl.download(server.url("/f"), tmp_path / "f", sha256=SHA, timeout=(5, 30),
-                        policy=ONE_ATTEMPT, on_progress=lambda n, total: reading.set())
+                        policy=ONE_ATTEMPT, on_progress=lambda _n, _total: reading.set())
         except BaseException as exc:
             outcome.append(exc)
 

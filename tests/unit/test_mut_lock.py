@@ -86,8 +86,10 @@ def test_write_makes_its_temp_file_beside_the_lock(tmp_path: Path,
     monkeypatch.setattr(os, "replace", replace)
     lock.write(path, lock.Lock(entries={}), manifest)
     (src, dst), = renames
-    assert dst == path and src.parent == tmp_path
-    assert src.name.startswith(".sample.lock.json.") and src.name.endswith(".tmp")
+    assert dst == path
+    assert src.parent == tmp_path
+    assert src.name.startswith(".sample.lock.json.")
+    assert src.name.endswith(".tmp")
 
 
 def test_check_refuses_a_missing_lock_naming_both_files(tmp_path: Path) -> None:
@@ -467,8 +469,10 @@ def test_fill_takes_the_lock_pin_unless_the_manifest_gives_one() -> None:
 def test_settle_pins_each_source_from_the_lock_and_names_what_is_missing() -> None:
     manifest = load(ROOT / "manifests/smddp.toml", registry=STAGES)
     first = lock.settle(manifest, None, STAGES)
-    assert lock.NCCL_PIN in first.stale and lock.NCCL_PIN in first.unresolved
-    assert None not in first.stale and None not in first.unresolved
+    assert lock.NCCL_PIN in first.stale
+    assert lock.NCCL_PIN in first.unresolved
+    assert None not in first.stale
+    assert None not in first.unresolved
     smddp = manifest.stages["smddp"]
     entries: dict[lock.EntryPath, lock.Entry] = {
         ("stages", "smddp", "src-smddp"): entry({"url": smddp["url"]}, sha256=SHA_A),
@@ -489,7 +493,8 @@ def test_the_locks_nccl_pin() -> None:
     assert pin is not None
     assert (pin.version, pin.commit, pin.evidence) == ("2.10.3", A, {"method": "submodule"})
     bare = lock.Lock(entries={lock.NCCL_PIN: entry({}, version="2.10.3", commit=A)}).pin()
-    assert bare is not None and bare.evidence == {}
+    assert bare is not None
+    assert bare.evidence == {}
 
 
 def test_with_nccl_pin_replaces_auto_only() -> None:
@@ -511,10 +516,10 @@ class Recording:
         self.revisit = revisit
         self.calls: list[tuple[str, str, lock.Entry | None]] = []
 
-    def renewed(self, manifest: object, names: object) -> list[str]:
+    def renewed(self, _manifest: object, _names: object) -> list[str]:
         return []
 
-    def upgrades(self, manifest: object, registry: object, names: object) -> list[object]:
+    def upgrades(self, _manifest: object, _registry: object, _names: object) -> list[object]:
         return []
 
     def source(self, source: UrlSource | GitSource, old: lock.Entry | None) -> dict[str, str]:
@@ -526,7 +531,7 @@ class Recording:
         self.calls.append(("base", ref, old))
         return {"digest": "sha256:" + SHA_B}
 
-    def extended(self, manifest: object, old: lock.Entry | None) -> dict[str, object]:
+    def extended(self, _manifest: object, _old: lock.Entry | None) -> dict[str, object]:
         raise AssertionError("nothing here extends an image")
 
     def nccl_pin(self, manifest: object, pytorch: GitSource, old: lock.Entry | None
@@ -535,7 +540,7 @@ class Recording:
         self.calls.append(("nccl_pin", pytorch.commit or "", old))
         return {"version": "2.10.3", "commit": NCCL_COMMIT, "evidence": {}}
 
-    def pip(self, stage: str, origin: object, old: lock.Entry | None) -> dict[str, object]:
+    def pip(self, stage: str, _origin: object, old: lock.Entry | None) -> dict[str, object]:
         self.calls.append(("pip", stage, old))
         return {"packages": []}
 
@@ -566,7 +571,9 @@ def test_settle_asks_the_resolver_once_for_each_missing_pin() -> None:
 
     again = Recording()
     current = lock.settle(_smddp(), settled.lock(), STAGES, again)  # type: ignore[arg-type]
-    assert again.calls == [] and current.stale == () and current.unused == ()
+    assert again.calls == []
+    assert current.stale == ()
+    assert current.unused == ()
     assert current.manifest == settled.manifest
 
     revisit = Recording(revisit=True)
@@ -588,7 +595,8 @@ def test_with_nccl_auto_every_stage_is_still_pinned() -> None:
     assert set(auto.entries) == set(plain.entries) | {lock.NCCL_PIN}
     assert auto.manifest.stages["nccl"]["version"] == "2.10.3"
     pins = [c for c in resolver.calls if c[0] == "nccl_pin"]
-    assert len(pins) == 1 and pins[0][1] == auto.manifest.stages["pytorch"]["commit"]
+    assert len(pins) == 1
+    assert pins[0][1] == auto.manifest.stages["pytorch"]["commit"]
 
 
 def test_a_base_digest_the_manifest_gives_is_not_asked_for() -> None:
@@ -750,7 +758,8 @@ def test_settle_names_unused_entries_and_keeps_unknown_sections() -> None:
     # a stale entry is named stale, not unused
     moved = {**first.entries, lock.BASE: entry({"ref": "another:1"}, digest="d")}
     stale = lock.settle(manifest, lock.Lock(entries=moved), STAGES)
-    assert lock.BASE in stale.stale and stale.unused == ()
+    assert lock.BASE in stale.stale
+    assert stale.unused == ()
 
 
 def test_a_local_base_image_id_is_asked_for_only_without_a_digest_or_id() -> None:
@@ -800,7 +809,7 @@ class Upgrading(Recording):
         assert isinstance(manifest, Manifest)
         return list(names) if self.renew is None else self.renew  # type: ignore[call-overload]
 
-    def upgrades(self, manifest: object, registry: object, names: object) -> list[object]:
+    def upgrades(self, _manifest: object, _registry: object, names: object) -> list[object]:
         self.asked_upgrades.append(list(names))  # type: ignore[call-overload]
         return [upstream.Upgrade(stage=s, old="?", new=v, policy="~=1.0", source="listing")
                 for s, v in self.moves.items()]

@@ -311,8 +311,9 @@ def _nccl_pin(repos: tuple[Path, Path, str, str], cache: SourceCache, *overrides
     return lock.Upstream(cache=cache, stages=STAGES).nccl_pin(manifest, source, None)
 
 
+@pytest.mark.usefixtures("isolated_git")
 def test_the_nccl_pin_follows_the_pin_file_of_the_images_cuda(
-        repos: tuple[Path, Path, str, str], tmp_path: Path, isolated_git: None) -> None:
+        repos: tuple[Path, Path, str, str], tmp_path: Path) -> None:
     newer = repos[3]
     cache = SourceCache(tmp_path / "cache")
     pin = _nccl_pin(repos, cache, "stages.pytorch.version=2.7.0", "image.cuda=12.1")
@@ -332,14 +333,16 @@ def test_the_nccl_pin_follows_the_pin_file_of_the_images_cuda(
         "a CUDA those files cover, or set stages.nccl.version explicitly.")
 
 
+@pytest.mark.usefixtures("isolated_git")
 def test_the_nccl_pin_of_a_pytorch_before_2_7_is_its_submodule(
-        repos: tuple[Path, Path, str, str], tmp_path: Path, isolated_git: None) -> None:
+        repos: tuple[Path, Path, str, str], tmp_path: Path) -> None:
     nccl, _, _, _ = repos
     pin = _nccl_pin(repos, SourceCache(tmp_path / "cache"), "image.cuda=12.1")
     older = _git(nccl, "rev-parse", "v2.21.5-1")
     assert (pin["version"], pin["commit"]) == ("2.21.5", older)
     evidence = pin["evidence"]
-    assert isinstance(evidence, dict) and evidence["method"] == "submodule"
+    assert isinstance(evidence, dict)
+    assert evidence["method"] == "submodule"
 
 
 # ---- settle --------------------------------------------------------------------------------------

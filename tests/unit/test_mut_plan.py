@@ -27,7 +27,8 @@ def test_plan_json_lists_every_stage_with_deps_key_status_and_inputs() -> None:
     plan = make_plan(manifest, "efa-nccl", STAGES)
     data = plan.to_json("manifests/efa-nccl.toml")
     assert list(data) == ["target", "manifest", "stages"]
-    assert data["target"] == "efa-nccl" and data["manifest"] == "manifests/efa-nccl.toml"
+    assert data["target"] == "efa-nccl"
+    assert data["manifest"] == "manifests/efa-nccl.toml"
     assert [s["name"] for s in data["stages"]] == [s.name for s in plan.stages]
     for shown, stage in zip(data["stages"], plan.stages, strict=True):
         assert shown == {"name": stage.name, "deps": list(stage.deps), "key": stage.key,
@@ -41,7 +42,8 @@ def test_statuses_are_given_by_key() -> None:
     keys = {s.name: s.key for s in make_plan(manifest, "efa-nccl", STAGES).stages}
     plan = make_plan(manifest, "efa-nccl", STAGES,
                      statuses={keys["efa"]: "cached", keys["nccl"]: "remote"})
-    assert plan.stage("efa").status == "cached" and plan.stage("nccl").status == "remote"
+    assert plan.stage("efa").status == "cached"
+    assert plan.stage("nccl").status == "remote"
     assert {s.status for s in plan.stages if s.name not in ("efa", "nccl")} == {"build"}
 
 
@@ -80,14 +82,15 @@ def test_python_defaults_to_the_images_python_and_auto_must_be_locked() -> None:
 def test_defined_targets_are_images_whose_stages_all_have_what_they_need() -> None:
     efa_nccl = load(EFA_NCCL, registry=STAGES)
     targets = defined_targets(efa_nccl, STAGES)
-    assert "efa-nccl" in targets and "smddp" not in targets
+    assert "efa-nccl" in targets
+    assert "smddp" not in targets
     assert all(STAGES[t].image for t in targets)
     smddp = defined_targets(load(SMDDP, registry=STAGES), STAGES)
     assert "smddp" in smddp
 
 
 def test_keyed_inputs_drop_unkeyed_fields_and_locations_a_pin_covers() -> None:
-    stage = Stage(name="x", doc="x", deps=(), recipe=lambda ctx: "", fields={
+    stage = Stage(name="x", doc="x", deps=(), recipe=lambda _ctx: "", fields={
         **url_fields(url="https://h/x-{version}.tgz", what="X"),
         "quiet": Field(kind="bool", default=False, keyed=False, help="less output"),
     })
@@ -97,7 +100,7 @@ def test_keyed_inputs_drop_unkeyed_fields_and_locations_a_pin_covers() -> None:
     unpinned = {**inputs, "sha256": None}
     assert keyed_inputs(stage, unpinned) == {"version": "1", "url": "https://h/x-1.tgz",
                                              "sha256": None, "extra": 3}
-    git = Stage(name="g", doc="g", deps=(), recipe=lambda ctx: "",
+    git = Stage(name="g", doc="g", deps=(), recipe=lambda _ctx: "",
                 fields=git_fields(repo="https://h/g.git", ref="v{version}", what="G"))
     assert keyed_inputs(git, {"version": "1", "repo": "r", "ref": "v1", "commit": "c" * 40}) \
         == {"version": "1", "commit": "c" * 40}
@@ -117,7 +120,8 @@ def test_url_and_git_fields_have_the_lockable_shape() -> None:
         "policy": policy,
     }
     no_url = url_fields(url="", what="X")
-    assert no_url["url"].default is None and no_url["url"].required
+    assert no_url["url"].default is None
+    assert no_url["url"].required
     assert git_fields(repo="https://h/g.git", ref="v{version}", what="G") == {
         "version": Field(kind="version", required=True, help="G version to build"),
         "repo": Field(kind="repo", default="https://h/g.git", locates="commit",

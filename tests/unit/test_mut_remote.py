@@ -215,7 +215,7 @@ def test_without_a_user_config_the_home_docker_directory_is_read(
     assert set(data["auths"]) == {"x.io", "reg.io"}
 
 
-def test_both_user_and_password_are_needed(tmp_path: Path) -> None:
+def test_both_user_and_password_are_needed() -> None:
     for environ in ({"IMAGEFORGE_REGISTRY_PASSWORD": "pw"},
                     {"IMAGEFORGE_REGISTRY_USER": "bot", "IMAGEFORGE_REGISTRY_PASSWORD": ""}):
         with remote.credentials("reg.io", environ) as env:

@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 from imageforge.render import render_stage
 from imageforge.stage import Context, Stage
 
-BASE = Stage(name="base", doc="the base image", deps=(), fields={}, recipe=lambda ctx: "",
+BASE = Stage(name="base", doc="the base image", deps=(), fields={}, recipe=lambda _ctx: "",
              parent=None)
-LIB = Stage(name="lib", doc="a library", deps=(), fields={}, recipe=lambda ctx: "RUN make",
+LIB = Stage(name="lib", doc="a library", deps=(), fields={}, recipe=lambda _ctx: "RUN make",
             env_paths=lambda ctx: {"PATH": [f"/opt/lib-{ctx.of('lib')['version']}/bin"],
                                    "LD_LIBRARY_PATH": ["/opt/lib/lib"]})
-APP = Stage(name="app", doc="an image", deps=("lib",), fields={}, recipe=lambda ctx: "RUN app",
+APP = Stage(name="app", doc="an image", deps=("lib",), fields={}, recipe=lambda _ctx: "RUN app",
             image=True)
 REGISTRY = {"base": BASE, "lib": LIB, "app": APP}
 CONTEXT = Context(image={"base": "ubuntu:22.04"}, stages={"lib": {"version": "2.1"}})

@@ -12,7 +12,8 @@ from stages import STAGES
 
 SAMPLE = Path("manifests/sample.toml")
 
-PACKAGES = [{"name": "sagemaker-training", "version": "5.1.4", "hashes": ["sha256:" + "a" * 64]},
+PACKAGES: list[dict[str, object]] = [
+    {"name": "sagemaker-training", "version": "5.1.4", "hashes": ["sha256:" + "a" * 64]},
             {"name": "six", "version": "1.17.0", "hashes": ["sha256:" + "b" * 64]}]
 
 

@@ -63,11 +63,12 @@ def test_stream_reader_handles_any_chunking_and_stray_lines(chunking: int) -> No
     other: list[str] = []
 
     class Chunky(io.BytesIO):
-        def readline(self, size: int | None = -1) -> bytes:
+        def readline(self, _size: int | None = -1) -> bytes:
             return super().readline(chunking)
 
     objs = list(read_statuses(Chunky(text), other))
-    assert objs[1] == {"a": 1} and objs[0]["vertexes"][0]["name"] == "[one 1/1] RUN x"
+    assert objs[1] == {"a": 1}
+    assert objs[0]["vertexes"][0]["name"] == "[one 1/1] RUN x"
     assert other == ["warning: x"]
 
 

@@ -20,4 +20,5 @@ def test_manifest_reference_in_readme_is_current() -> None:
 
 def test_readme_gives_the_two_commands() -> None:
     text = README.read_text()
-    assert "make demo" in text and "make test" in text
+    assert "make demo" in text
+    assert "make test" in text

@@ -134,7 +134,8 @@ def same_shape(manifest: str, key: str, value: Any) -> bool | None:
     if hostile is None or harmless is None:
         return None
     for text in hostile:
-        assert "\r" not in text and "\x00" not in text
+        assert "\r" not in text
+        assert "\x00" not in text
     return [shape(t) for t in hostile] == [shape(t) for t in harmless]
 
 
@@ -162,8 +163,8 @@ def test_no_generated_value_changes_the_dockerfiles_shape(data: st.DataObject) -
 
 def test_every_stage_is_rendered_and_every_field_tried() -> None:
     rendered = set()
-    for manifest in MANIFESTS:
-        loaded = load(ROOT / "manifests" / manifest, MANIFESTS[manifest], registry=STAGES)
+    for manifest, overrides in MANIFESTS.items():
+        loaded = load(ROOT / "manifests" / manifest, overrides, registry=STAGES)
         for target in defined_targets(loaded, STAGES):
             planned = make_plan(loaded, target, STAGES)
             rendered |= {s.name for s in planned.stages}

@@ -46,7 +46,7 @@ def pin(version: str = "2.10.3") -> NcclPin:
 
 
 def settings(manifest: Path, *overrides: str) -> project.Settings:
-    return project.Settings(manifest=manifest, overrides=overrides,
+    return project.Settings(registry=STAGES, manifest=manifest, overrides=overrides,
                             cache_dir=manifest.parent / "cache")
 
 
@@ -61,7 +61,8 @@ def test_every_command_refuses_every_violation_at_once_with_exit_3(
     assert result.returncode == 3, result.stderr
     assert "[torchvision-pytorch] stages.torchvision.version" in result.stderr
     assert "[plugin-disable-tests] stages.aws-ofi-nccl.configure_flags" in result.stderr
-    assert "[waive]" in result.stderr and "Traceback" not in result.stderr
+    assert "[waive]" in result.stderr
+    assert "Traceback" not in result.stderr
     assert not any(tmp_path.iterdir()), "refused before anything was fetched or written"
 
 
@@ -169,7 +170,7 @@ def test_check_and_plan_show_accepted_waivers(tmp_path: Path) -> None:
 
 
 def test_image_labels_show_the_waiver(tmp_path: Path) -> None:
-    planned = project.plan(project.Settings(manifest=MANIFESTS / "smddp.toml",
+    planned = project.plan(project.Settings(registry=STAGES, manifest=MANIFESTS / "smddp.toml",
                                             cache_dir=tmp_path), "smddp")
 
     values = labels(planned)

@@ -12,6 +12,8 @@ import pytest
 
 from imageforge import project
 from imageforge.execute import is_external, make_run, reused
+from imageforge.plan import Plan
+from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMED = re.compile(r"^FROM\s+(\S+)|--from=(\S+)", re.MULTILINE)
@@ -19,13 +21,13 @@ DEFINED = re.compile(r"^FROM\s+\S+\s+AS\s+(\S+)", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory) -> project.Plan:
-    settings = project.Settings(manifest=ROOT / "manifests/sample.toml",
+def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
+    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
                                 cache_dir=tmp_path_factory.mktemp("cache"))
     return project.plan(settings, "smddp")
 
 
-def unresolved(plan: project.Plan, building: list[str]) -> set[str]:
+def unresolved(plan: Plan, building: list[str]) -> set[str]:
     using = reused(plan, building)
     run = make_run(plan, plan.registry, building, {n: f"oci-layout:///x/{n}" for n in using})
     defined = set(DEFINED.findall(run.dockerfile))
@@ -34,20 +36,20 @@ def unresolved(plan: project.Plan, building: list[str]) -> set[str]:
     return read - defined - set(run.contexts)
 
 
-def test_torchvision_alone_gets_the_nccl_it_copies(plan: project.Plan) -> None:
+def test_torchvision_alone_gets_the_nccl_it_copies(plan: Plan) -> None:
     assert "nccl" not in plan.stage("torchvision").deps
     assert "nccl" in reused(plan, ["torchvision"])
     assert unresolved(plan, ["torchvision"]) == set()
 
 
-def test_any_single_stage_rebuilt_reads_only_what_the_run_provides(plan: project.Plan) -> None:
+def test_any_single_stage_rebuilt_reads_only_what_the_run_provides(plan: Plan) -> None:
     for stage in plan.stages:
         if not is_external(stage):
             assert unresolved(plan, [stage.name]) == set(), stage.name
 
 
 def test_a_rebuilt_stage_and_its_dependents_read_only_what_the_run_provides(
-        plan: project.Plan) -> None:
+        plan: Plan) -> None:
     order = [s.name for s in plan.stages if not is_external(s)]
     for index, name in enumerate(order):
         dependents = [name] + [n for n in order[index + 1:]

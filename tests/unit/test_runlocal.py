@@ -238,7 +238,8 @@ def test_a_failed_host_is_one_sentence_with_its_code_and_reason(tmp_path: Path) 
     assert caught.value.return_code == 11
     message = str(caught.value)
     assert "host algo-2 exited with code 1: ValueError: bad" in message
-    assert message.count(". ") == 0 and "\n" not in message
+    assert message.count(". ") == 0
+    assert "\n" not in message
 
 
 def test_a_timeout_names_the_hosts_still_running(tmp_path: Path) -> None:
@@ -254,7 +255,8 @@ def test_report_json_has_every_host(tmp_path: Path) -> None:
                                        model_files=["model.json"]))
     runlocal.require_success(done)
     report = done.to_json()
-    assert report["status"] == "Completed" and report["duration_s"] == 1.25
+    assert report["status"] == "Completed"
+    assert report["duration_s"] == 1.25
     assert report["hosts"] == [{"host": "algo-1", "status": "completed", "exit_code": 0,
                                 "oom_killed": False, "failure": None,
                                 "model_dir": str(tmp_path / "out" / "algo-1" / "model"),

@@ -112,7 +112,8 @@ def test_efa_installer_installs_libfabric_and_openmpi(hb: HostBuild, efa: Path) 
     assert "libfabric-aws-1.13.2+gdr" in installed
 
 
-def test_fi_info_version_and_provider_listing(hb: HostBuild, efa: Path) -> None:
+@pytest.mark.usefixtures("efa")
+def test_fi_info_version_and_provider_listing(hb: HostBuild) -> None:
     fi_info = str(hb.efa_prefix / "bin/fi_info")
     version = run([fi_info, "--version"])
     assert version.returncode == 0
@@ -207,7 +208,8 @@ def test_efa_installer_needs_yes_when_not_interactive(hb: HostBuild, tmp_path: P
     assert "pass -y" in proc.stderr
 
 
-def test_mpicc_builds_and_mpirun_runs_ranks(hb: HostBuild, efa: Path, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("efa")
+def test_mpicc_builds_and_mpirun_runs_ranks(hb: HostBuild, tmp_path: Path) -> None:
     source = tmp_path / "hello.c"
     source.write_text(
         "#include <mpi.h>\n#include <stdio.h>\n"
@@ -235,7 +237,8 @@ def test_mpicc_builds_and_mpirun_runs_ranks(hb: HostBuild, efa: Path, tmp_path: 
 # ---------------------------------------------------------------------------------- NCCL
 
 
-def test_nccl_src_build_outputs(hb: HostBuild, nccl: Path) -> None:
+@pytest.mark.usefixtures("nccl")
+def test_nccl_src_build_outputs(hb: HostBuild) -> None:
     build = hb.nccl_build_dir("v2.10.3-1")
     header = (build / "include/nccl.h").read_text()
     for line in (
@@ -367,7 +370,8 @@ def test_torchvision_records_the_torch_it_was_built_against(
     assert requires.strip() == "torch==1.10.2"
 
 
-def test_smddp_wheel_installs_with_pip(hb: HostBuild, torch_site: Path, efa: Path) -> None:
+@pytest.mark.usefixtures("efa")
+def test_smddp_wheel_installs_with_pip(hb: HostBuild, torch_site: Path) -> None:
     hb.install_smddp("1.4.0")
     code = (
         "import smdistributed.dataparallel as d; print(d.__version__); "
@@ -389,12 +393,16 @@ def test_smddp_wheel_installs_with_pip(hb: HostBuild, torch_site: Path, efa: Pat
 # ---------------------------------------------------------------------------------- nccl-tests
 
 
-def test_nccl_tests_build_and_run(hb: HostBuild, efa: Path, nccl: Path) -> None:
+@pytest.mark.usefixtures("efa")
+def test_nccl_tests_build_and_run(hb: HostBuild, nccl: Path) -> None:
     build = hb.build_nccl_tests("v2.11.0", nccl)
-    assert (build / "all_reduce_perf").is_file() and (build / "all_gather_perf").is_file()
+    assert (build / "all_reduce_perf").is_file()
+    assert (build / "all_gather_perf").is_file()
     env = library_path(nccl / "lib", hb.mpi_prefix / "lib")
     linked = run(["ldd", str(build / "all_reduce_perf")], env).stdout
-    assert "libnccl.so.2" in linked and "libmpi.so.40" in linked and "not found" not in linked
+    assert "libnccl.so.2" in linked
+    assert "libmpi.so.40" in linked
+    assert "not found" not in linked
     proc = run([str(build / "all_reduce_perf"), "-b", "8", "-e", "128", "-f", "2", "-g", "1"], env)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -498,12 +506,14 @@ def test_b2_rejects_unknown_features(hb: HostBuild, tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------- aws-ofi-nccl
 
-def test_aws_ofi_nccl_plugin_builds_and_loads(hb: HostBuild, efa: Path, nccl: Path) -> None:
+@pytest.mark.usefixtures("efa")
+def test_aws_ofi_nccl_plugin_builds_and_loads(hb: HostBuild, nccl: Path) -> None:
     prefix = hb.build_ofi("v1.1.3-aws", nccl, "--enable-platform-aws")
     plugin = prefix / "lib/libnccl-net.so"
     env = library_path(hb.efa_prefix / "lib", nccl / "lib", hb.mpi_prefix / "lib", prefix / "lib")
     linked = run(["ldd", str(plugin)], env).stdout
-    assert "libfabric.so.1" in linked and "libnccl.so.2" in linked
+    assert "libfabric.so.1" in linked
+    assert "libnccl.so.2" in linked
     assert "not found" not in linked
     symbols = run(["nm", "-D", "--defined-only", str(plugin)]).stdout
     assert re.search(r" D ncclNetPlugin_v4$", symbols, re.M)
@@ -524,8 +534,9 @@ def test_aws_ofi_nccl_plugin_builds_and_loads(hb: HostBuild, efa: Path, nccl: Pa
     assert "NCCL INFO Using network AWS Libfabric" in logged.stdout
 
 
+@pytest.mark.usefixtures("efa")
 def test_aws_ofi_nccl_configure_requires_libfabric_1_11(
-    hb: HostBuild, efa: Path, nccl: Path, tmp_path: Path
+    hb: HostBuild, nccl: Path, tmp_path: Path
 ) -> None:
     old = tmp_path / "old-efa"
     shutil.copytree(hb.efa_prefix, old, symlinks=True)

@@ -80,9 +80,11 @@ def test_range_requests_get_206(server: ServerHandle, upstream: Path) -> None:
     assert resp.headers["Content-Range"] == f"bytes 10-19/{len(data)}"
     assert resp.headers["Content-Length"] == "10"
     resume = requests.get(url, headers={"Range": "bytes=100-"}, timeout=10)
-    assert resume.status_code == 206 and resume.content == data[100:]
+    assert resume.status_code == 206
+    assert resume.content == data[100:]
     suffix = requests.get(url, headers={"Range": "bytes=-7"}, timeout=10)
-    assert suffix.status_code == 206 and suffix.content == data[-7:]
+    assert suffix.status_code == 206
+    assert suffix.content == data[-7:]
     beyond = requests.get(url, headers={"Range": f"bytes={len(data)}-"}, timeout=10)
     assert beyond.status_code == 416
     assert beyond.headers["Content-Range"] == f"bytes */{len(data)}"
@@ -113,7 +115,8 @@ def test_missing_and_escaping_paths_are_404(server: ServerHandle) -> None:
 def test_files_directory_is_an_autoindex_page(server: ServerHandle,
                                               pins: dict[str, Any]) -> None:
     page = requests.get(server.url + "/files/", timeout=10)
-    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert page.status_code == 200
+    assert page.headers["Content-Type"].startswith("text/html")
     assert re.findall(r'<a href="([^"]+)">', page.text) == sorted(pins["files"])
 
 

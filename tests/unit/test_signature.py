@@ -17,6 +17,7 @@ from imageforge.errors import ManifestError, SourceError
 from imageforge.signature import Signature
 from imageforge.sources import SourceCache, UrlSource
 from sample.serve import ServerHandle
+from stages import STAGES
 from tests.payloads import random_tarball
 from tests.servers import ScriptedServer
 from tests.unit.conftest import sample_manifest
@@ -84,7 +85,8 @@ def publish(server: ScriptedServer, signer: Signer, work: Path, *, served: bytes
 
 def assert_not_cached(cache: SourceCache, source: UrlSource) -> None:
     entry = cache.path_for(source)
-    assert not entry.exists() and not entry.with_name(entry.name + ".complete").exists()
+    assert not entry.exists()
+    assert not entry.with_name(entry.name + ".complete").exists()
 
 
 def test_a_good_signature_lets_the_file_in(server: ScriptedServer, signer: Signer,
@@ -141,7 +143,8 @@ def test_a_missing_signature_is_refused(server: ScriptedServer, signer: Signer,
     with pytest.raises(SourceError) as refused:
         cache.materialize(source)
     message = str(refused.value)
-    assert server.url("/aws-efa-installer-1.14.1.tar.gz.sig") in message and "404" in message
+    assert server.url("/aws-efa-installer-1.14.1.tar.gz.sig") in message
+    assert "404" in message
     assert signer.fingerprint in message
     assert_not_cached(cache, source)
 
@@ -162,18 +165,20 @@ def test_an_unsigned_cache_entry_is_verified_once_a_fingerprint_is_pinned(
 def test_the_efa_stage_asks_for_the_signature(tmp_path: Path) -> None:
     manifest = sample_manifest(tmp_path, "http://127.0.0.1:9")
     fingerprint = "9c82 e37b 904d d5dd 810b 1175 dfbf 0b57 c761 858a"
-    s = project.Settings(manifest=manifest,
+    s = project.Settings(registry=STAGES, manifest=manifest,
                          overrides=(f"stages.efa.gpg_fingerprint={fingerprint}",))
     (source,) = project.plan(s, "efa").stage("efa").sources
-    assert isinstance(source, UrlSource) and source.signature is not None
+    assert isinstance(source, UrlSource)
+    assert source.signature is not None
     assert source.signature == Signature(
         url="http://127.0.0.1:9/files/aws-efa-installer-1.14.1.tar.gz.sig",
         key_url="https://efa-installer.amazonaws.com/aws-efa-installer.key",
         fingerprint="9C82E37B904DD5DD810B1175DFBF0B57C761858A")
-    unsigned = project.plan(project.Settings(manifest=manifest), "efa").stage("efa")
+    unsigned = project.plan(project.Settings(registry=STAGES,
+                                             manifest=manifest), "efa").stage("efa")
     assert unsigned.key == project.plan(s, "efa").stage("efa").key
     with pytest.raises(ManifestError, match=r"gpg_fingerprint.*40-hex-digit"):
-        project.plan(project.Settings(manifest=manifest,
+        project.plan(project.Settings(registry=STAGES, manifest=manifest,
                                       overrides=("stages.efa.gpg_fingerprint=abc",)), "efa")
 
 
@@ -187,7 +192,8 @@ def test_signed_sources_are_mirrored_with_signature_and_key(
                  f"stages.efa.sha256={hashlib.sha256(INSTALLER).hexdigest()}",
                  f"stages.efa.gpg_fingerprint={signer.fingerprint}",
                  f"stages.efa.gpg_key_url={server.url('/aws-efa-installer.key')}")
-    online = project.Settings(manifest=manifest, overrides=overrides, cache_dir=tmp_path / "c")
+    online = project.Settings(registry=STAGES,
+                              manifest=manifest, overrides=overrides, cache_dir=tmp_path / "c")
     project.write_lock(online, upgrade=False)
     project.mirror_sync(online, tmp_path / "mirror")
     sample_server.stop()

@@ -19,6 +19,7 @@ MANIFEST = ROOT / "manifests/smddp.toml"
 
 
 def gdrcopy_module() -> str:
+    code: str
     (code,) = [body for lang, body in FENCE.findall((ROOT / "docs/adding-a-stage.md").read_text())
                if lang == "python"]
     return code
@@ -49,7 +50,8 @@ def test_a_stage_dropped_into_a_team_directory_plans_renders_and_keys(
     # Without the directory, imageforge has no such stage.
     unknown = invoke("plan", "--target", "gdrcopy", "--manifest", str(manifest),
                      stage_dirs=None, tmp=tmp_path)
-    assert unknown.returncode != 0 and "gdrcopy" in unknown.stderr
+    assert unknown.returncode != 0
+    assert "gdrcopy" in unknown.stderr
     planned = invoke("plan", "--target", "gdrcopy", "--manifest", str(manifest), "--json",
                      stage_dirs=str(team), tmp=tmp_path)
     assert planned.returncode == 0, planned.stderr
@@ -84,7 +86,8 @@ def test_a_broken_team_stage_is_refused_naming_its_file(
     result = invoke("plan", "--target", "smddp", "--manifest", str(manifest),
                     stage_dirs=str(team), tmp=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert says in result.stderr and str(team) in result.stderr, result.stderr
+    assert says in result.stderr, result.stderr
+    assert str(team) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -92,4 +95,5 @@ def test_a_missing_stage_directory_is_refused(manifest: Path, tmp_path: Path) ->
     result = invoke("plan", "--target", "smddp", "--manifest", str(manifest),
                     stage_dirs=str(tmp_path / "nowhere"), tmp=tmp_path)
     assert result.returncode == 1
-    assert "nowhere is not a directory" in result.stderr and "Traceback" not in result.stderr
+    assert "nowhere is not a directory" in result.stderr
+    assert "Traceback" not in result.stderr

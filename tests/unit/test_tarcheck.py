@@ -104,8 +104,10 @@ def test_a_hostile_tarball_is_refused_and_nothing_is_kept(server: ScriptedServer
         fetch_through(server, tmp_path, body)
     message = str(refused.value)
     assert refused.value.return_code == 4
-    assert "src-efa" in message and server.url("/aws-efa-installer-1.14.1.tar.gz") in message
-    assert repr(member) in message and why in message, message
+    assert "src-efa" in message
+    assert server.url("/aws-efa-installer-1.14.1.tar.gz") in message
+    assert repr(member) in message, message
+    assert why in message, message
     assert kept(tmp_path) == []
 
 
@@ -195,5 +197,6 @@ def assert_refused(result: subprocess.CompletedProcess[str], url: str) -> None:
     assert result.returncode == 4, result.stderr
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("imageforge: source src-efa") and url in last, last
+    assert last.startswith("imageforge: source src-efa"), last
+    assert url in last, last
     assert "member 'aws-efa-installer/etc' is a symlink to the absolute path '/etc'" in last

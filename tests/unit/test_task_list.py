@@ -52,4 +52,5 @@ def test_the_imageforge_command_works_outside_the_checkout(tmp_path: Path) -> No
     missing = subprocess.run([str(ENTRY), "plan"], cwd=tmp_path, capture_output=True,
                              text=True, env=env, check=False)
     assert missing.returncode == 2, missing.stderr
-    assert "manifests/smddp.toml" in missing.stderr and "Traceback" not in missing.stderr
+    assert "manifests/smddp.toml" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from imageforge import cabundle, codedir, extends, lock
 from imageforge.errors import ManifestError, UsageError
 from imageforge.execute import Run, bake_file
 from imageforge.manifest import load
-from imageforge.plan import make_plan
+from imageforge.plan import Plan, make_plan
 from stages import STAGES
 from tasks import code_overrides
 
@@ -35,7 +36,7 @@ def with_code(code: Path, *more: str) -> tuple[str, ...]:
     return (f"stages.code.dir={code}", "stages.code.program=train.py", *more)
 
 
-def planned(overrides: tuple[str, ...], target: str = "code", manifest: Path = SMDDP):
+def planned(overrides: tuple[str, ...], target: str = "code", manifest: Path = SMDDP) -> Plan:
     loaded = codedir.apply(load(manifest, overrides, registry=STAGES))
     return make_plan(loaded, target, extends.registry(STAGES, loaded))
 
@@ -131,7 +132,8 @@ def test_the_code_table_never_makes_the_lock_stale(code: Path) -> None:
 def test_code_flags_go_together_and_make_code_the_target(code: Path) -> None:
     assert code_overrides(None, None, "smddp") == ([], "smddp")
     overrides, target = code_overrides(str(code), "train.py", "smddp")
-    assert target == "code" and overrides == list(with_code(code.resolve()))
+    assert target == "code"
+    assert overrides == list(with_code(code.resolve()))
     with pytest.raises(UsageError, match="--code and --program go together"):
         code_overrides(str(code), None, "smddp")
 
@@ -152,6 +154,11 @@ PYTORCH_IMAGE = ["efa", "nccl", "aws-ofi-nccl", "python", "pytorch", "torchvisio
                  "sagemaker-training"]
 
 
+def always(image_id: str) -> lock.LocalId:
+    """A lock.LocalId that finds `image_id` whatever the base."""
+    return lambda _ref: image_id
+
+
 def extended(tmp_path: Path, provides: list[str] | None) -> Path:
     line = "" if provides is None else f"provides = {provides!r}".replace("'", '"')
     path = tmp_path / "extended.toml"
@@ -165,7 +172,8 @@ def test_only_what_the_image_lacks_is_planned_on_top_of_it(tmp_path: Path, code:
     assert plan.stage("base").recipe == \
         "FROM registry.example/pytorch-training:1.10.2 AS base\n"
     smddp = plan.stage("smddp").recipe
-    assert smddp.startswith("FROM base AS smddp\n") and "COPY --from=" not in smddp
+    assert smddp.startswith("FROM base AS smddp\n")
+    assert "COPY --from=" not in smddp
     assert plan.to_json("m")["extends"] == {
         "ref": "registry.example/pytorch-training:1.10.2", "provides": PYTORCH_IMAGE}
 
@@ -177,7 +185,9 @@ def test_what_the_image_lacks_is_built_and_gathered(tmp_path: Path) -> None:
         'extends = "registry.example/efa:1"\nprovides = ["efa", "python"]'))
     plan = planned((), target="smddp", manifest=manifest)
     names = [s.name for s in plan.stages]
-    assert "efa" not in names and "python" not in names and "pytorch" in names
+    assert "efa" not in names
+    assert "python" not in names
+    assert "pytorch" in names
     assert "COPY --from=pytorch /out/ /" in plan.stage("smddp").recipe
     assert plan.stage("pytorch").recipe.startswith("FROM base AS pytorch\n")
 
@@ -218,12 +228,13 @@ def test_the_locked_image_pins_the_key(tmp_path: Path, local: bool) -> None:
     digest = "sha256:" + "ab" * 32
     # A local image's ID is a fact of this machine: the lock has no digest for it, the
     # local cache has its ID.
-    pinned = {"digest": None if local else digest, "provides": PYTORCH_IMAGE, "versions": {}}
+    pinned: dict[str, Any] = {"digest": None if local else digest, "provides": PYTORCH_IMAGE,
+                              "versions": {}}
     locked = lock.Lock(entries={lock.EXTENDS: lock.Entry(
         origin={"ref": raw.image["extends"]}, pin=pinned)})
 
     def keys(image_id: str) -> tuple[str, str]:
-        applied = lock.settle(raw, locked, STAGES, local_id=lambda ref: image_id).manifest
+        applied = lock.settle(raw, locked, STAGES, local_id=lambda _ref: image_id).manifest
         plan = make_plan(applied, "smddp", extends.registry(STAGES, applied))
         return plan.stage("base").recipe, plan.stage("smddp").key
 
@@ -278,7 +289,8 @@ def test_the_toolkit_step_renders_the_same_with_or_without_a_bundle() -> None:
 def test_a_baked_ssh_key_is_warned_about() -> None:
     assert planned((), target="smddp").warnings() == []
     warned = planned(("stages.smddp.ssh_build_time_key=true",), target="smddp").warnings()
-    assert len(warned) == 1 and "every copy of the image" in warned[0]
+    assert len(warned) == 1
+    assert "every copy of the image" in warned[0]
 
 
 def test_a_stage_the_extended_image_has_is_no_target(tmp_path: Path) -> None:
@@ -300,7 +312,7 @@ def test_a_local_base_image_is_pinned_by_its_id(tmp_path: Path) -> None:
     assert "sha256:1" not in path.read_text()
     keys = []
     for image_id in ids:
-        applied = lock.settle(raw, lock.read(path), STAGES, local_id=lambda ref, i=image_id: i)
+        applied = lock.settle(raw, lock.read(path), STAGES, local_id=always(image_id))
         plan = make_plan(applied.manifest, "boost", STAGES)
         assert "@sha256" not in plan.stage("base").recipe
         keys.append({s.name: s.key for s in plan.stages})
