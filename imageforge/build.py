@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import bakefail, codedir, extends, log, project, rules
+from imageforge import bakefail, extends, localtree, log, project, rules
 from imageforge import remote as remote_mod
 from imageforge.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary, popen, run
@@ -245,7 +245,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                      project.source_cache(settings).materialize_all(sources).items()})
     for name in building:
         for context, (path, digest) in planned.stage(name).local_dirs.items():
-            contexts[context] = str(codedir.snapshot(Path(path), digest,
+            contexts[context] = str(localtree.snapshot(Path(path), digest,
                                                      settings.cache_dir / "sources" / "code"))
     scratch = store.scratch()
     try:

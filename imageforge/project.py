@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from imageforge import codedir, compat, extends, localimages, lock, log, pinned, rules
+from imageforge import compat, extends, localimages, lock, log, pinned, rules
 from imageforge import manifest as manifest_mod
 from imageforge import mirror as mirror_mod
 from imageforge.artifacts import ArtifactStore
@@ -51,7 +51,17 @@ def load_manifest(settings: Settings, *, resolve: bool = False) -> Manifest:
     """The manifest with --set overrides, its lock applied entry by entry, and the digest of
     the user's code. `resolve` (build, fetch): the lock's stale entries are resolved upstream
     for this run; otherwise they stay unpinned, and their stages are keyed by location."""
-    return codedir.apply(settle(settings, resolve=resolve).manifest)
+    return prepare(settle(settings, resolve=resolve).manifest, settings.registry)
+
+
+def prepare(manifest: Manifest, registry: Mapping[str, Stage]) -> Manifest:
+    """`manifest` with each stage's plan-time preparation applied (its `prepare` hook)."""
+    tables = dict(manifest.stages)
+    for name, table in manifest.stages.items():
+        stage = registry.get(name)
+        if stage is not None and stage.prepare is not None:
+            tables[name] = dict(stage.prepare(table, manifest.path))
+    return dataclasses.replace(manifest, stages=tables) if tables != manifest.stages else manifest
 
 
 def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
@@ -261,7 +271,7 @@ def check(settings: Settings) -> list[str]:
     if raw.stages.get("nccl", {}).get("version") == "auto" and pin is None:
         lines.append('nccl: version "auto" is resolved by `invoke lock`; plans need the lock')
         return lines
-    loaded = codedir.apply(loaded)
+    loaded = prepare(loaded, settings.registry)
     graph = registry_for(settings, loaded)
     plans = [make_plan(loaded, t, graph) for t in defined_targets(loaded, graph)]
     warned = dict.fromkeys(w for planned in plans for w in planned.warnings())

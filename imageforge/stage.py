@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from imageforge.sources import GitSource, Source, UrlSource
@@ -107,6 +108,10 @@ class Stage:
     pip_requirements: Callable[[Context], Sequence[str]] = lambda _ctx: ()
     # True for a stage an extended image already has: only its settings remain.
     provided: bool = False
+    # Plan-time preparation of this stage's table, given the table and the manifest's path,
+    # before anything is keyed: e.g. the code stage makes its directory absolute and adds the
+    # digest of its content.
+    prepare: Callable[[Mapping[str, Any], Path], Mapping[str, Any]] | None = None
     # Choices worth a warning whenever this stage is planned (a key baked into an image).
     warnings: Callable[[Context], Sequence[str]] = lambda _ctx: ()
 

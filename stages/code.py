@@ -20,13 +20,36 @@ program = "train.py"
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from imageforge.dockerfile import sh
+from imageforge.errors import ManifestError
+from imageforge.localtree import tree_digest
 from imageforge.stage import Check, Context, Field, Stage
 
 CODE_DIR = "/opt/ml/code"
 CONTEXT = "src-code"
+
+
+def prepare(table: Mapping[str, Any], manifest: Path) -> Mapping[str, Any]:
+    """stages.code.dir made absolute (relative to the manifest file) and the digest of the
+    code added: what the plan keys."""
+    where = f"{manifest}: stages.code"
+    root = Path(os.path.expanduser(str(table["dir"])))
+    if not root.is_absolute():
+        root = manifest.parent / root
+    root = root.resolve()
+    if not root.is_dir():
+        raise ManifestError(f"{where}.dir: {root} is not a directory; point it (or --code) at "
+                            "the directory holding the training code.")
+    program = str(table["program"])
+    if not (root / program).is_file():
+        raise ManifestError(f"{where}.program: {program} is not a file in {root}; name the "
+                            "script SageMaker should run, relative to the code directory.")
+    return {**table, "dir": str(root), "digest": tree_digest(root)}
 
 
 def recipe(_ctx: Context) -> str:
@@ -66,6 +89,7 @@ STAGE = Stage(
         "digest": Field(kind="digest", locked=True,
                         help="sha256 of the code (computed when the manifest is read)"),
     },
+    prepare=prepare,
     recipe=recipe,
     env=env,
     local_dirs=local_dirs,

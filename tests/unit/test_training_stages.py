@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from imageforge import cabundle, codedir, extends, lock
+from imageforge import cabundle, extends, localtree, lock, project
 from imageforge.errors import ManifestError, UsageError
 from imageforge.execute import Run, bake_file
 from imageforge.manifest import load
@@ -37,7 +37,7 @@ def with_code(code: Path, *more: str) -> tuple[str, ...]:
 
 
 def planned(overrides: tuple[str, ...], target: str = "code", manifest: Path = SMDDP) -> Plan:
-    loaded = codedir.apply(load(manifest, overrides, registry=STAGES))
+    loaded = project.prepare(load(manifest, overrides, registry=STAGES), STAGES)
     return make_plan(loaded, target, extends.registry(STAGES, loaded))
 
 
@@ -48,20 +48,20 @@ def test_digest_is_the_content_not_the_place(code: Path, tmp_path: Path) -> None
     shutil.copytree(code, other)
     (other / "__pycache__").mkdir()
     (other / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"noise")
-    assert codedir.tree_digest(code) == codedir.tree_digest(other)
-    first = codedir.tree_digest(code)
+    assert localtree.tree_digest(code) == localtree.tree_digest(other)
+    first = localtree.tree_digest(code)
     (code / "lib" / "helpers.py").write_text("X = 2\n")
-    second = codedir.tree_digest(code)
+    second = localtree.tree_digest(code)
     (code / "lib" / "helpers.py").chmod(0o755)
-    third = codedir.tree_digest(code)
+    third = localtree.tree_digest(code)
     (code / "lib" / "helpers.py").rename(code / "lib" / "other.py")
-    assert len({first, second, third, codedir.tree_digest(code)}) == 4
+    assert len({first, second, third, localtree.tree_digest(code)}) == 4
 
 
 def test_a_symlink_in_the_code_is_refused_naming_it(code: Path) -> None:
     (code / "data").symlink_to("/etc")
     with pytest.raises(ManifestError, match=r"data is a symlink"):
-        codedir.tree_digest(code)
+        localtree.tree_digest(code)
 
 
 def test_missing_dir_or_program_names_the_key(tmp_path: Path, code: Path) -> None:
@@ -78,20 +78,20 @@ def test_a_relative_dir_is_relative_to_the_manifest(tmp_path: Path, code: Path) 
     manifest = tmp_path / "m.toml"
     manifest.write_text(SMDDP.read_text() + '\n[stages.code]\ndir = "code"\n'
                         'program = "train.py"\n')
-    applied = codedir.apply(load(manifest, (), registry=STAGES))
+    applied = project.prepare(load(manifest, (), registry=STAGES), STAGES)
     assert applied.stages["code"]["dir"] == str(code.resolve())
-    assert applied.stages["code"]["digest"] == codedir.tree_digest(code)
+    assert applied.stages["code"]["digest"] == localtree.tree_digest(code)
 
 
 def test_snapshot_is_content_addressed_and_refuses_a_changed_tree(code: Path,
                                                                   tmp_path: Path) -> None:
-    digest = codedir.tree_digest(code)
-    copy = codedir.snapshot(code, digest, tmp_path / "snapshots")
+    digest = localtree.tree_digest(code)
+    copy = localtree.snapshot(code, digest, tmp_path / "snapshots")
     assert copy.name == digest.removeprefix("sha256:")
-    assert codedir.tree_digest(copy) == digest
+    assert localtree.tree_digest(copy) == digest
     (code / "train.py").write_text("changed\n")
     with pytest.raises(ManifestError, match="changed while this build was starting"):
-        codedir.snapshot(code, "sha256:" + "0" * 64, tmp_path / "snapshots")
+        localtree.snapshot(code, "sha256:" + "0" * 64, tmp_path / "snapshots")
     assert [p.name for p in (tmp_path / "snapshots").iterdir()] == [copy.name]
 
 
@@ -106,7 +106,7 @@ def test_code_stage_is_its_files_and_two_variables_on_smddp(code: Path) -> None:
         "COPY --from=src-code . /opt/ml/code/\n")
     assert plan.stage("code").deps == ("smddp",)
     assert plan.stage("code").local_dirs == {
-        "src-code": (str(code.resolve()), codedir.tree_digest(code))}
+        "src-code": (str(code.resolve()), localtree.tree_digest(code))}
 
 
 def test_a_code_change_moves_the_code_key_only(code: Path, tmp_path: Path) -> None:

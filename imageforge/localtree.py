@@ -1,14 +1,14 @@
-"""The user's training code: a directory on the build host, keyed by its content.
+"""A directory of the build host handed to BuildKit (a stage's `local_dirs`, e.g. the user's
+training code), keyed by its content.
 
-The `code` stage copies it into the image; its key is the sha256 of the tree (relative paths,
-executable bits and bytes), never its location, so the same code gives the same key from any
-checkout, and any edit rebuilds that one cheap stage. The build reads a content-addressed
-snapshot, so an edit made while BuildKit runs cannot slip into an image keyed otherwise.
+A stage keys such a directory by the sha256 of its tree (relative paths, executable bits and
+bytes), never its location, so the same tree gives the same key from any checkout and any edit
+rebuilds that stage. The build reads a content-addressed snapshot, so an edit made while
+BuildKit runs cannot slip into an image keyed otherwise.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import shutil
@@ -16,12 +16,9 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from imageforge.errors import ManifestError
-from imageforge.manifest import Manifest
 
-STAGE = "code"
 # Files that are never training code and would only make keys differ between checkouts.
 IGNORED = frozenset({".git", "__pycache__", ".ipynb_checkpoints", ".DS_Store"})
 
@@ -56,28 +53,6 @@ def _files(root: Path) -> Iterator[tuple[str, Path]]:
                 raise ManifestError(f"{root}: {relative} is not a regular file; remove it "
                                     "from the training code directory.")
             yield relative, path
-
-
-def apply(manifest: Manifest) -> Manifest:
-    """`manifest` with stages.code.dir made absolute (relative to the manifest file) and its
-    content digest added; unchanged when it has no code stage."""
-    table = manifest.stages.get(STAGE)
-    if table is None:
-        return manifest
-    where = f"{manifest.path}: stages.{STAGE}"
-    root = Path(os.path.expanduser(str(table["dir"])))
-    if not root.is_absolute():
-        root = manifest.path.parent / root
-    root = root.resolve()
-    if not root.is_dir():
-        raise ManifestError(f"{where}.dir: {root} is not a directory; point it (or --code) at "
-                            "the directory holding the training code.")
-    program = str(table["program"])
-    if not (root / program).is_file():
-        raise ManifestError(f"{where}.program: {program} is not a file in {root}; name the "
-                            "script SageMaker should run, relative to the code directory.")
-    values: dict[str, Any] = {**table, "dir": str(root), "digest": tree_digest(root)}
-    return dataclasses.replace(manifest, stages={**manifest.stages, STAGE: values})
 
 
 def snapshot(root: Path, digest: str, cache: Path) -> Path:
