@@ -12,10 +12,7 @@ from imageforge.errors import DockerError, ImageCheckError, RegistryError, Usage
 from imageforge.plan import Plan
 from imageforge.remote import registry_host
 
-DEFAULT_TEMPLATES = {
-    "smddp": "{name}:pt{pytorch}-cu{cuda_nodot}-py{python_nodot}-efa{efa}-{date}",
-    "efa-nccl": "{name}:efa{efa}-nccl{nccl}-{date}",
-}
+# For an image whose stage module names no tag_template.
 FALLBACK_TEMPLATE = "{name}:{target}-{key12}-{date}"
 _DIGEST_REF = re.compile(r"(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
 
@@ -44,7 +41,7 @@ def template_variables(planned: Plan, *, date: datetime | None = None) -> dict[s
 def tag_for(planned: Plan, template: str | None = None, *, date: datetime | None = None,
             repository: str | None = None) -> str:
     """The image reference a template names, e.g. smddp:pt1.10.2-cu113-py38-efa1.14.1-20261129."""
-    template = template or DEFAULT_TEMPLATES.get(planned.target, FALLBACK_TEMPLATE)
+    template = template or planned.registry[planned.target].tag_template or FALLBACK_TEMPLATE
     values = template_variables(planned, date=date)
     names = [field for _, field, _, _ in string.Formatter().parse(template) if field]
     unknown = [n for n in names if n not in values]

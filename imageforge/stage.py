@@ -112,6 +112,9 @@ class Stage:
     # before anything is keyed: e.g. the code stage makes its directory absolute and adds the
     # digest of its content.
     prepare: Callable[[Mapping[str, Any], Path], Mapping[str, Any]] | None = None
+    # For an image stage: the default tag of its golden image (`invoke nightly`), with the
+    # fields of golden.template_variables, e.g. "{name}:efa{efa}-nccl{nccl}-{date}".
+    tag_template: str | None = None
     # Choices worth a warning whenever this stage is planned (a key baked into an image).
     warnings: Callable[[Context], Sequence[str]] = lambda _ctx: ()
 

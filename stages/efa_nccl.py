@@ -26,6 +26,7 @@ STAGE = Stage(
     deps=("efa", "nccl", "aws-ofi-nccl", "nccl-tests"),
     parent="efa",
     image=True,
+    tag_template="{name}:efa{efa}-nccl{nccl}-{date}",
     fields={},
     recipe=recipe,
 )

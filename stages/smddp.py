@@ -189,6 +189,7 @@ STAGE = Stage(
           "sagemaker-training"),
     parent="efa",
     image=True,
+    tag_template="{name}:pt{pytorch}-cu{cuda_nodot}-py{python_nodot}-efa{efa}-{date}",
     fields={
         **url_fields(url="", what="SMDDP wheel"),
         "pip_packages": Field(
