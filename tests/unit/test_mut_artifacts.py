@@ -394,7 +394,7 @@ def test_the_store_keeps_shared_blobs_and_locks_where_its_layout_says(tmp_path: 
         tmp_path.resolve() / "store/locks" / f"{artifacts.key_hex(entry.key)}.lock")
 
 
-def test_a_live_process_of_another_user_keeps_its_work(tmp_path: Path) -> None:
+def test_cleanup_keeps_the_work_of_a_live_process_of_another_user(tmp_path: Path) -> None:
     """Asking whether a process of another user lives is refused (EPERM): it does live."""
     if os.geteuid() != 0:
         store = ArtifactStore(tmp_path / "store")
@@ -531,7 +531,7 @@ except CacheError as error:
 """
 
 
-def test_a_full_disk_is_named_as_the_store_root(tmp_path: Path) -> None:
+def test_add_on_a_full_disk_names_the_store_root(tmp_path: Path) -> None:
     """On a real, full 256 KiB tmpfs (mounted in a private user and mount namespace)."""
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-rm", "true"], capture_output=True, check=False).returncode != 0:
