@@ -829,16 +829,16 @@ def run_local(c: Context, image: str | None = None, program: str | None = None,
 
     One container per host, the /opt/ml files SageMaker writes, a private network; exit 11
     when a host fails or the job runs out of time."""
-    from imageforge import runlocal
+    from imageforge import sagemaker
 
-    spec = runlocal.make_spec(image=image, output=output,
+    spec = sagemaker.make_spec(image=image, output=output,
                               hosts=whole_number("hosts", hosts, minimum=1), program=program,
                               code=code, hp=hp or [], channel=channel or [],
                               timeout=whole_number("timeout", timeout, minimum=1),
                               cache_dir=settings(c, None, None).cache_dir, verbose=verbose)
-    result = runlocal.run(spec, log=sys.stderr if json else sys.stdout)
-    print(jsonlib.dumps(result.to_json(), indent=2) if json else runlocal.summary(result))
-    runlocal.require_success(result)
+    result = sagemaker.run(spec, log=sys.stderr if json else sys.stdout)
+    print(jsonlib.dumps(result.to_json(), indent=2) if json else sagemaker.summary(result))
+    sagemaker.require_success(result)
 
 
 ns.add_task(run_local)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import runlocal
+from imageforge import sagemaker as runlocal
 from imageforge.errors import FatalError, TrainingJobError
-from imageforge.runlocal import HostResult, JobResult, JobSpec
+from imageforge.sagemaker import HostResult, JobResult, JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
