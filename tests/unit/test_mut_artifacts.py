@@ -535,7 +535,10 @@ def test_add_on_a_full_disk_names_the_store_root(tmp_path: Path) -> None:
     """On a real, full 256 KiB tmpfs (mounted in a private user and mount namespace)."""
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-rm", "true"], capture_output=True, check=False).returncode != 0:
-        pytest.skip("needs unshare -rm (user and mount namespaces) for a small tmpfs")
+        problem = "needs unshare -rm (user and mount namespaces) for a small tmpfs"
+        if os.environ.get("CI"):
+            pytest.fail(f"{problem}; CI must run it (util-linux, user namespaces enabled).")
+        pytest.skip(f"{problem} (set CI=true to make this a failure)")
     # The same add, on a disk with room, in this process (mutmut picks the tests to run for a
     # function by what ran in the test's own process, not in the subprocess below).
     roomy = ArtifactStore(tmp_path / "roomy")
