@@ -18,9 +18,9 @@ import dataclasses
 import json
 import shlex
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
+from imageforge import project
 from imageforge.errors import CacheError
 from imageforge.execute import is_external
 from imageforge.plan import Plan
@@ -176,8 +176,7 @@ def registry_holds(remote: Remote) -> Callable[[Iterable[tuple[str, str]]], set[
     def holds(pairs: Iterable[tuple[str, str]]) -> set[str]:
         pairs = list(pairs)
         try:
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                found = list(pool.map(lambda p: remote.exists(*p), pairs))
+            found = project.remote_holds(remote, pairs)
         except RemoteUnavailable as exc:
             raise CacheError(f"remote cache {remote.repository}: {exc}; ci.generate needs the "
                              "registry to tell which keys it holds.") from None

@@ -147,6 +147,13 @@ def plan(settings: Settings, target: str, *, remote: Remote | None = None,
     return with_statuses(planned, artifact_store(settings), remote)
 
 
+def remote_holds(remote: Remote, artifacts: Sequence[tuple[str, str]]) -> list[bool]:
+    """Whether the registry holds each (stage, key), asking four at a time;
+    RemoteUnavailable when it cannot tell."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda artifact: remote.exists(*artifact), artifacts))
+
+
 def with_statuses(planned: Plan, store: ArtifactStore, remote: Remote | None) -> Plan:
     statuses: dict[str, Status] = {}
     missing = []
@@ -157,8 +164,7 @@ def with_statuses(planned: Plan, store: ArtifactStore, remote: Remote | None) ->
             missing.append(stage)
     if remote is not None and missing:
         try:
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                found = list(pool.map(lambda s: remote.exists(s.name, s.key), missing))
+            found = remote_holds(remote, [(s.name, s.key) for s in missing])
         except RemoteUnavailable as exc:
             warn_unavailable(remote, str(exc))
             found = [False] * len(missing)
