@@ -7,6 +7,7 @@ artifact, a registry that failed a push: without this each read as "a stage fail
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -35,6 +36,20 @@ def explain(output: str, *, cache: Path, push: str | None = None) -> FatalError 
                              "nothing was tagged or stored: run the build again once the "
                              "registry answers.")
     return None
+
+
+# containerd answers this when two exporters of one bake write the same blob at once (the
+# pushed image and an artifact's OCI layout share their layers); BuildKit gives up after a few
+# seconds instead of waiting (moby/buildkit#1491). Nothing is wrong with the build, and every
+# step is in BuildKit's cache, so running the bake again is cheap and succeeds.
+_CONTENDED = re.compile(r"ref \S+ locked for [^)]*\): unavailable")
+
+
+def contended(output: str) -> bool:
+    """Whether a failed bake's `output` shows only containerd's blob-lock contention, which
+    another attempt gets past, and no other error."""
+    errors = [line for line in output.splitlines() if "ERROR" in line or "error:" in line]
+    return bool(errors) and all(_CONTENDED.search(line) for line in errors)
 
 
 def daemon_answers() -> bool:

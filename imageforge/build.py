@@ -275,7 +275,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                 str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
                 str(workdir / "metadata.json")]
         _run_bake(argv, progress, env, cache=store.root,
-                  push=tag if options.push else None)
+                  push=tag if options.push else None, outputs=list(artifact_dirs.values()))
         metadata = read_object(workdir / "metadata.json") or {}
         _keep_artifacts(store, planned, building, artifact_dirs, progress)
         for name in contexts:
@@ -337,23 +337,29 @@ def _absolute_if_local(location: str) -> str:
         "/" not in location else location
 
 
+BAKE_ATTEMPTS = 3
+
+
 def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *,
-              cache: Path, push: str | None) -> None:
+              cache: Path, push: str | None, outputs: Sequence[Path] = ()) -> None:
+    """Run the bake, showing its progress. A bake that lost only containerd's blob-lock race
+    runs again (its half-written `outputs` removed first); any other failure raises."""
     other: list[str] = []
-    with progress, popen(argv, env=env, error=DockerError) as proc:
-        assert proc.stderr is not None
-        try:
-            for status in read_statuses(proc.stderr, other):
-                progress.feed(status)
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(timeout=30)
-            raise Interrupted("build interrupted; BuildKit stopped, nothing was stored or "
-                              "tagged.") from None
-        code = proc.wait()
-        if code == 0:
-            progress.succeeded()
-            return
+    with progress:
+        for attempt in range(1, BAKE_ATTEMPTS + 1):
+            other.clear()
+            code = _bake_once(argv, progress, env, other)
+            if code == 0:
+                progress.succeeded()
+                return
+            failed_stage = any(s.state == "failed" for s in progress.stages.values())
+            if failed_stage or attempt == BAKE_ATTEMPTS or not bakefail.contended("\n".join(other)):
+                break
+            log.warning(f"BuildKit lost a race for a blob lock in containerd while exporting "
+                        f"(attempt {attempt} of {BAKE_ATTEMPTS}); running the bake again, "
+                        "every step is cached.")
+            for output in outputs:
+                shutil.rmtree(output, ignore_errors=True)
     failed = [s for s in progress.stages.values() if s.state == "failed"]
     # A stopped daemon, a full disk or a failing registry is not the recipe's fault.
     known = bakefail.explain("\n".join([*other, *(s.error or "" for s in failed)]),
@@ -366,6 +372,21 @@ def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], 
         raise BuildError(f"stage {stage.name} failed: {stage.error}\n{tail}")
     detail = "\n".join(f"    {line}" for line in other[-10:]) or "    (no output)"
     raise BuildError(f"docker buildx bake failed (exit {code}):\n{detail}")
+
+
+def _bake_once(argv: list[str], progress: BuildProgress, env: Mapping[str, str],
+               other: list[str]) -> int:
+    with popen(argv, env=env, error=DockerError) as proc:
+        assert proc.stderr is not None
+        try:
+            for status in read_statuses(proc.stderr, other):
+                progress.feed(status)
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait(timeout=30)
+            raise Interrupted("build interrupted; BuildKit stopped, nothing was stored or "
+                              "tagged.") from None
+        return proc.wait()
 
 
 def _keep_artifacts(store: ArtifactStore, planned: Plan, building: list[str],
@@ -416,7 +437,7 @@ def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[st
         if not targets:
             return []
         failure = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
-                                        "target": targets}, remote)
+                                        "target": targets}, remote, outputs=list(dirs.values()))
         if failure is not None:
             raise CacheError(f"could not pull artifacts from {remote.repository} ({failure}); "
                              "nothing was stored: check that it answers and that the "
@@ -428,18 +449,27 @@ def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[st
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote) -> str | None:
-    """Run a bake that moves artifacts; None when it worked, else BuildKit's reason."""
+def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
+                  outputs: Sequence[Path] = ()) -> str | None:
+    """Run a bake that moves artifacts; None when it worked, else BuildKit's reason. Like a
+    build's bake, one that lost only containerd's blob-lock race runs again."""
     scratch = store.scratch()
     try:
         (scratch / "bake.json").write_text(json.dumps(bake))
-        proc = run([docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
-                    "--progress", "quiet"], env=remote.env, timeout=3600, error=CacheError,
-                   timed_out=f"moving artifacts to or from {remote.repository} took over an "
-                             "hour; check the registry and run again.")
-        if proc.returncode == 0:
-            return None
-        output = proc.stderr.decode(errors="replace")
+        for attempt in range(1, BAKE_ATTEMPTS + 1):
+            proc = run([docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
+                        "--progress", "quiet"], env=remote.env, timeout=3600, error=CacheError,
+                       timed_out=f"moving artifacts to or from {remote.repository} took over "
+                                 "an hour; check the registry and run again.")
+            if proc.returncode == 0:
+                return None
+            output = proc.stderr.decode(errors="replace")
+            if attempt == BAKE_ATTEMPTS or not bakefail.contended(output):
+                break
+            log.warning(f"BuildKit lost a race for a blob lock in containerd moving artifacts "
+                        f"(attempt {attempt} of {BAKE_ATTEMPTS}); running it again.")
+            for path in outputs:
+                shutil.rmtree(path, ignore_errors=True)
         known = bakefail.explain(output, cache=store.root)
         if known is not None:
             raise known

@@ -1,0 +1,84 @@
+"""A bake that lost only containerd's blob-lock race (moby/buildkit#1491) runs again, with its
+half-written outputs removed first; any other failure is not retried.
+
+The race cannot be started on demand (it needs two exporters to write one blob within the
+same few milliseconds), so `docker` here is a stand-in script on PATH that answers the way
+BuildKit did when it happened: the error lines below are copied from a real failed run."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from imageforge import build
+from imageforge.bakefail import contended
+from imageforge.errors import BuildError
+from imageforge.progress import BuildProgress
+
+LOCKED = ("ERROR: (*service).Write failed: rpc error: code = Unavailable desc = ref "
+          "layer-sha256:8ebf9b9c1a01bc6c0a0b9a16ff1c2cf61a050ab14971d4ab2cac9ed265f4ff0d locked "
+          "for {took} (since 2026-12-02 05:05:20.503234944 +0000 UTC m=+0.578305627): "
+          "unavailable")
+STAGE_FAILED = ('ERROR: failed to solve: process "/bin/sh -c make" did not complete '
+                "successfully: exit code: 2")
+
+
+def test_only_lock_errors_count_as_contention() -> None:
+    assert contended("\n".join(LOCKED.format(took=t) for t in ("203.44ms", "3.1s")))
+    assert contended(f"#12 exporting to oci image format\n{LOCKED.format(took='1s')}\n")
+    assert not contended(f"{LOCKED.format(took='1s')}\n{STAGE_FAILED}")
+    assert not contended(STAGE_FAILED)
+    assert not contended("")
+    assert not contended("ERROR: failed to push x: ref y locked for 1s: unauthorized")
+
+
+def _docker(tmp_path: Path, failures: list[str]) -> Path:
+    """A `docker` whose n-th bake prints failures[n] and exits 1 (0 once they run out). Each
+    bake leaves a stale file in out/ and fails if the previous attempt's is still there."""
+    script = tmp_path / "bin" / "docker"
+    script.parent.mkdir()
+    lines = ["#!/bin/sh", 'if [ "$1" = info ]; then echo 27.0; exit 0; fi',
+             f'n=$(cat "{tmp_path}/count" 2>/dev/null || echo 0)',
+             f'echo $((n + 1)) > "{tmp_path}/count"',
+             f'if [ -e "{tmp_path}/out/stale" ]; then echo "ERROR: stale output" >&2; exit 1; fi',
+             f'mkdir -p "{tmp_path}/out" && touch "{tmp_path}/out/stale"']
+    for n, text in enumerate(failures):
+        lines.append(f'if [ "$n" = {n} ]; then cat <<"END" >&2\n{text}\nEND\nexit 1; fi')
+    lines.append(f'rm -f "{tmp_path}/out/stale"; exit 0')
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def _bake(tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    build._run_bake([str(script), "buildx", "bake"], BuildProgress(["a"], "plain"), {},
+                    cache=tmp_path / "cache", push=None, outputs=[tmp_path / "out"])
+    return int((tmp_path / "count").read_text())
+
+
+def test_a_bake_that_lost_the_lock_race_runs_again_from_clean_outputs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    script = _docker(tmp_path, [LOCKED.format(took="203ms"), LOCKED.format(took="1.2s")])
+    assert _bake(tmp_path, script, monkeypatch) == 3
+    assert capsys.readouterr().err.count("lost a race for a blob lock") == 2
+
+
+def test_lock_races_that_persist_fail_after_three_attempts_with_buildkits_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _docker(tmp_path, [LOCKED.format(took=f"{n}s") for n in range(5)])
+    with pytest.raises(BuildError, match="locked for 2s"):
+        _bake(tmp_path, script, monkeypatch)
+    assert (tmp_path / "count").read_text().strip() == str(build.BAKE_ATTEMPTS)
+
+
+def test_any_other_failure_is_not_retried(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _docker(tmp_path, [f"{LOCKED.format(took='1s')}\n{STAGE_FAILED}"])
+    with pytest.raises(BuildError, match="exit code: 2"):
+        _bake(tmp_path, script, monkeypatch)
+    assert (tmp_path / "count").read_text().strip() == "1"
