@@ -2,10 +2,10 @@
 
 `<manifest>.lock.json` holds entries. Each is one resolved pin with what it was resolved from
 (its "from"): a source's sha256 (from its url) or commit (from its repo and ref), the base
-image's registry digest (from its reference), the NCCL that `version = "auto"` became (from
-the PyTorch commit that pins it), the extended image (from its reference), and the versions
-`lock --upgrade` moved to (from the manifest's version and policy). As in Cargo.lock, an entry
-applies whenever its "from" still matches the effective manifest (file + --set overrides),
+image's registry digest (from its reference), each stage's lock-time pins (imageforge.lockpin:
+e.g. the NCCL that PyTorch's commit pins), the extended image (from its reference), and the
+versions `lock --upgrade` moved to (from the manifest's version and policy). As in Cargo.lock,
+an entry applies whenever its "from" still matches the effective manifest (file + --set overrides),
 whatever else changed; only the entries whose "from" changed are stale, and only they are
 resolved again. A lock file is written whole or not at all.
 
@@ -30,14 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from imageforge import extends, gitsource, piplock, tarcheck, upstream
+from imageforge import extends, gitsource, lockpin, piplock, tarcheck, upstream
 from imageforge.cmd import run
-from imageforge.compat import image_cuda
 from imageforge.dag import closure
 from imageforge.download import download, redact
 from imageforge.errors import DockerError, FatalError, LockError, ManifestError
 from imageforge.manifest import Manifest, with_versions
-from imageforge.ncclpin import NcclPin, pytorch_nccl_pin
 from imageforge.sources import GitSource, Source, SourceCache, UrlSource
 from imageforge.stage import Context, Stage
 
@@ -48,13 +46,12 @@ HEADER = ("format", "manifest", "source_date_epoch")
 EntryPath = tuple[str, ...]
 BASE: EntryPath = ("base",)
 EXTENDS: EntryPath = ("extends",)
-NCCL_PIN: EntryPath = ("nccl_pytorch_pin",)
 UPGRADED = "upgraded"
 STAGES = "stages"
-# The sections `settle` walks. Entries of any other section (a kind a newer imageforge adds)
-# are carried over unchanged.
+# The sections `settle` walks, besides each stage's lock pins (imageforge.lockpin). Entries of
+# any other section (a kind a newer imageforge adds) are carried over unchanged.
 PIP = "pip"
-SETTLED = (BASE[0], EXTENDS[0], NCCL_PIN[0], UPGRADED, STAGES, PIP)
+SETTLED = (BASE[0], EXTENDS[0], UPGRADED, STAGES, PIP)
 # How long a registry may take to tell the base image's digest before it counts as offline.
 BASE_DIGEST_TIMEOUT_S = 30
 
@@ -105,12 +102,10 @@ class Lock:
         """stage -> the version `lock --upgrade` moved it to."""
         return {stage: str(entry.pin["to"]) for stage, entry in self.section(UPGRADED).items()}
 
-    def pin(self) -> NcclPin | None:
-        entry = self.entries.get(NCCL_PIN)
-        if entry is None:
-            return None
-        return NcclPin(version=entry.pin["version"], commit=entry.pin["commit"],
-                       evidence=dict(entry.pin.get("evidence", {})))
+    def pins(self) -> dict[str, Mapping[str, Any]]:
+        """The pins of the entries that are sections of their own (base, extends and the
+        stages' lock pins), by section."""
+        return {path[0]: entry.pin for path, entry in self.entries.items() if len(path) == 1}
 
 
 def read(path: Path, *, old_ok: bool = False) -> Lock | None:
@@ -186,8 +181,8 @@ class Resolver(Protocol):
 
     def extended(self, manifest: Manifest, old: Entry | None) -> dict[str, Any]: ...
 
-    def nccl_pin(self, manifest: Manifest, pytorch: GitSource, old: Entry | None
-                 ) -> dict[str, Any]: ...
+    def lock_pin(self, pin: lockpin.LockPin, manifest: Manifest,
+                 registry: Mapping[str, Stage], old: Entry | None) -> Mapping[str, Any]: ...
 
     def pip(self, stage: str, origin: Mapping[str, Any], old: Entry | None
             ) -> dict[str, Any]: ...
@@ -213,8 +208,8 @@ class Settled:
     def lock(self) -> Lock:
         return Lock(entries=dict(self.entries))
 
-    def nccl_pin(self) -> NcclPin | None:
-        return self.lock().pin()
+    def pins(self) -> dict[str, Mapping[str, Any]]:
+        return self.lock().pins()
 
 
 class _Walk:
@@ -226,7 +221,8 @@ class _Walk:
         self.entries: dict[EntryPath, Entry] = {}
         self.stale: list[EntryPath] = []
         self.unresolved: list[EntryPath] = []
-        # Stages whose sources are settled (NCCL "auto" waits for PyTorch's commit).
+        # Stages whose sources are settled (a stage waiting on a lock pin, like NCCL "auto"
+        # on PyTorch's commit, comes later).
         self.done: set[str] = set()
 
     def forget(self, keep: Callable[[EntryPath], bool]) -> None:
@@ -281,11 +277,12 @@ def settle(manifest: Manifest, lock: Lock | None, stages: Mapping[str, Stage],
             manifest = dataclasses.replace(manifest,
                                            image={**manifest.image, "base_image_id": found})
     manifest = _settle_sources(walk, manifest, registry, names)
-    manifest = _settle_nccl_pin(walk, manifest, registry, names)
+    manifest = _settle_lock_pins(walk, manifest, registry, names)
     manifest = _settle_sources(walk, manifest, registry, names)
     manifest = _settle_pip(walk, manifest, registry, names)
+    settled = (*SETTLED, *lockpin.declared(stages))
     for path, entry in (lock.entries if lock else {}).items():
-        if path[0] not in SETTLED:
+        if path[0] not in settled:
             walk.entries[path] = entry
     unused = tuple(path for path in (lock.entries if lock else {}) if path not in walk.entries
                    and path not in walk.stale)
@@ -352,12 +349,13 @@ def _settle_base(walk: _Walk, manifest: Manifest) -> Manifest:
 
 def _settle_sources(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
                     names: Sequence[str]) -> Manifest:
-    """Every source's pin, for the stages whose sources are known (not NCCL "auto" yet)."""
+    """Every source's pin, for the stages whose sources are known (not those waiting on a
+    lock pin yet)."""
     from imageforge.plan import stage_inputs
 
     stages = {stage: dict(values) for stage, values in manifest.stages.items()}
     for stage in names:
-        if stage in walk.done or _is_auto(manifest, stage):
+        if stage in walk.done or _waits(manifest, registry[stage]):
             continue
         walk.done.add(stage)
         inputs = stage_inputs(manifest, registry[stage], stage)
@@ -375,8 +373,8 @@ def _resolving(source: Source) -> Callable[[Resolver, Entry | None], Mapping[str
     return lambda resolver, old: resolver.source(source, old)
 
 
-def _is_auto(manifest: Manifest, stage: str) -> bool:
-    return manifest.stages.get(stage, {}).get("version") == "auto"
+def _waits(manifest: Manifest, stage: Stage) -> bool:
+    return any(pin.waits(manifest) for pin in stage.lock_pins)
 
 
 def _origin(source: Source) -> dict[str, str]:
@@ -397,15 +395,10 @@ def _defaults(stage: Stage) -> dict[str, Any]:
 
 
 def _fill(values: dict[str, Any], source: Source, pin: Mapping[str, Any]) -> None:
-    key = _sha_key(source) if isinstance(source, UrlSource) else "commit"
+    key = source.pin_key if isinstance(source, UrlSource) else "commit"
     value = pin.get("sha256") if isinstance(source, UrlSource) else pin.get("commit")
     if value and not values.get(key):
         values[key] = value
-
-
-def _sha_key(source: UrlSource) -> str:
-    # The smddp stage's optional S3 plugin pins under its own manifest key.
-    return "s3_plugin_sha256" if source.name.endswith("-s3") else "sha256"
 
 
 def _settle_pip(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
@@ -431,40 +424,28 @@ def _resolve_pip(stage: str, origin: Mapping[str, Any], resolver: Resolver,
     return resolver.pip(stage, origin, old)
 
 
-def _settle_nccl_pin(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
-                     names: Sequence[str]) -> Manifest:
-    """The NCCL the manifest's PyTorch pins: needed for "auto", and as evidence for the
-    NCCL-vs-PyTorch rule when the manifest pins another NCCL on purpose. It depends on
-    PyTorch's commit only, never on where PyTorch was fetched from."""
-    from imageforge.plan import stage_inputs
-
-    if "pytorch" not in names or "nccl" not in names:
-        return manifest
-    inputs = stage_inputs(manifest, registry["pytorch"], "pytorch")
-    source = registry["pytorch"].sources(Context(image=manifest.image,
-                                                 stages={"pytorch": inputs}))[0]
-    assert isinstance(source, GitSource)
-    if not source.commit:
-        walk.missing(NCCL_PIN)
-        return manifest
-    cuda = image_cuda(manifest)
-    origin = {"pytorch_version": str(inputs["version"]), "pytorch_commit": source.commit,
-              "cuda": str(cuda) if cuda else None}
-    pin = walk.pin(NCCL_PIN, origin, lambda r, old: r.nccl_pin(manifest, source, old))
-    if pin is None:
-        return manifest
-    return with_nccl_pin(manifest, NcclPin(version=pin["version"], commit=pin["commit"],
-                                           evidence=dict(pin.get("evidence", {}))))
+def _settle_lock_pins(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
+                      names: Sequence[str]) -> Manifest:
+    """Each stage's lock pins (imageforge.lockpin) whose stages are all in the image, each
+    applied to the manifest once known."""
+    for stage in names:
+        for pin in registry[stage].lock_pins:
+            if not all(read in names for read in pin.reads):
+                continue
+            origin = pin.origin(manifest, registry)
+            if origin is None:
+                walk.missing((pin.entry,))
+                continue
+            found = walk.pin((pin.entry,), origin,
+                             functools.partial(_resolve_lock_pin, pin, manifest, registry))
+            if found is not None:
+                manifest = pin.apply(manifest, found)
+    return manifest
 
 
-def with_nccl_pin(manifest: Manifest, pin: NcclPin | None) -> Manifest:
-    """Replace `stages.nccl.version = "auto"` by the version and exact commit PyTorch pins."""
-    nccl = manifest.stages.get("nccl")
-    if pin is None or nccl is None or nccl.get("version") != "auto":
-        return manifest
-    # The pin may be a post-release fix with no tag of its own: build the commit itself.
-    resolved = {**nccl, "version": pin.version, "commit": pin.commit, "ref": pin.commit}
-    return dataclasses.replace(manifest, stages={**manifest.stages, "nccl": resolved})
+def _resolve_lock_pin(pin: lockpin.LockPin, manifest: Manifest, registry: Mapping[str, Stage],
+                      resolver: Resolver, old: Entry | None) -> Mapping[str, Any]:
+    return resolver.lock_pin(pin, manifest, registry, old)
 
 
 def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) -> Manifest:
@@ -534,22 +515,12 @@ class Upstream:
         del old     # an extended image is asked for again every time: its tag may move
         return _inspect_extended(manifest, self.stages)
 
-    def nccl_pin(self, manifest: Manifest, pytorch: GitSource, old: Entry | None
-                 ) -> dict[str, Any]:
+    def lock_pin(self, pin: lockpin.LockPin, manifest: Manifest,
+                 registry: Mapping[str, Stage], old: Entry | None) -> Mapping[str, Any]:
         if old:
             return dict(old.pin)
-        cuda = image_cuda(manifest)
-        nccl_repo = str(manifest.stages["nccl"]["repo"])
-        assert pytorch.commit
-        pin = pytorch_nccl_pin(
-            pytorch_repo=self.cache.locate_url(pytorch.repo), pytorch_commit=pytorch.commit,
-            pytorch_version=str(manifest.stages["pytorch"]["version"]), pytorch_ref=pytorch.ref,
-            cuda=str(cuda) if cuda else None, nccl_repo=self.cache.locate_url(nccl_repo),
-            mirrors=self.cache.root / "mirrors")
-        # The lock records where sources come from, not where rewrite rules sent this machine.
-        evidence = {**pin.evidence, "pytorch_repo": redact(pytorch.repo),
-                    "nccl_repo": redact(nccl_repo)}
-        return {"version": pin.version, "commit": pin.commit, "evidence": evidence}
+        return dict(pin.resolve(manifest, registry, lockpin.Upstream(
+            locate=self.cache.locate_url, mirrors=self.cache.root / "mirrors")))
 
     def pip(self, stage: str, origin: Mapping[str, Any], old: Entry | None
             ) -> dict[str, Any]:
@@ -655,9 +626,12 @@ def pins_moved(old: Lock | None, new: Lock) -> bool:
                for path, entry in new.entries.items()) or bool(set(before) - set(new.entries))
 
 
-def diff(old: Lock | None, new: Lock) -> list[str]:
-    """Human lines describing what changed between two locks, entry by entry."""
+def diff(old: Lock | None, new: Lock, registry: Mapping[str, Stage] | None = None
+         ) -> list[str]:
+    """Human lines describing what changed between two locks, entry by entry; a stage's lock
+    pin in `registry` is described in its own words."""
     before = old.entries if old else {}
+    described = lockpin.declared(registry or {})
     lines = []
     for path in sorted(set(before) | set(new.entries)):
         a, b = before.get(path), new.entries.get(path)
@@ -666,11 +640,12 @@ def diff(old: Lock | None, new: Lock) -> list[str]:
         if a is not None and b is not None and a.pin == b.pin:
             lines.append(f"{name(path)}: same pin, now from {_words(b.origin)}")
         else:
-            lines.append(_pin_line(path, a, b))
+            lines.append(_pin_line(path, a, b, described))
     return lines
 
 
-def _pin_line(path: EntryPath, a: Entry | None, b: Entry | None) -> str:
+def _pin_line(path: EntryPath, a: Entry | None, b: Entry | None,
+              described: Mapping[str, lockpin.LockPin]) -> str:
     if path[0] == STAGES:
         return f"{path[1]}: {path[2]} {_pin(a)} -> {_pin(b)}"
     if path[0] == UPGRADED:
@@ -681,11 +656,8 @@ def _pin_line(path: EntryPath, a: Entry | None, b: Entry | None) -> str:
         return f"{path[1]}: {start} -> {b.pin['to']} (policy {b.origin['policy']})"
     if path[0] == PIP:
         return f"{path[1]}: pip " + piplock.moves(a.pin if a else {}, b.pin if b else {})
-    if path == NCCL_PIN:
-        version = b.pin.get("version") if b else None
-        commit = b.pin.get("commit") if b else None
-        return (f"nccl pinned by pytorch: {a.pin.get('version') if a else None} -> "
-                f"{version} ({commit})")
+    if len(path) == 1 and path[0] in described:
+        return described[path[0]].describe(a.pin if a else None, b.pin if b else None)
     return f"{name(path)}: {_pin(a)} -> {_pin(b)}"
 
 

@@ -301,7 +301,7 @@ def _validate(document: dict[str, Any], where: _Locator, registry: Mapping[str, 
                                 f"stages are: {', '.join(registry)}.")
         values = _validate_table(table, f"stages.{name}", stage.fields, where)
         stages[name] = _substitute(values, f"stages.{name}", stage.fields, where)
-    _check_python(image, stages, where)
+    _check_same_as(image, stages, registry, where)
     _check_base(image, where)
     unlocked = frozenset(name for name, stage in registry.items() if not stage.locked)
     return Manifest(path=where.path, image=image, stages=stages, document=document,
@@ -403,13 +403,16 @@ def _substitute(values: dict[str, Any], dotted: str, fields: Mapping[str, Field]
     return out
 
 
-def _check_python(image: Mapping[str, Any], stages: dict[str, Mapping[str, Any]],
-                  where: _Locator) -> None:
-    python = stages.get("python")
-    if python is None:
-        return
-    version = python.get("version") or image["python"]
-    if version != image["python"]:
-        raise ManifestError(f"{where('stages.python.version')}: {version!r} differs from "
-                            f"image.python {image['python']!r}; make them equal.")
-    stages["python"] = {**python, "version": version}
+def _check_same_as(image: Mapping[str, Any], stages: dict[str, Mapping[str, Any]],
+                   registry: Mapping[str, Stage], where: _Locator) -> None:
+    """Fields that must equal an [image] key (Field.same_as) get its value when not given."""
+    for name, table in list(stages.items()):
+        for key, field in registry[name].fields.items():
+            if not field.same_as:
+                continue
+            value = table.get(key) or image[field.same_as]
+            if value != image[field.same_as]:
+                raise ManifestError(f"{where(f'stages.{name}.{key}')}: {value!r} differs from "
+                                    f"image.{field.same_as} {image[field.same_as]!r}; make "
+                                    "them equal.")
+            stages[name] = {**stages[name], key: value}

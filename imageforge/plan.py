@@ -94,8 +94,9 @@ def stage_inputs(manifest: Manifest, stage: Stage, target: str) -> dict[str, Any
                 f"{manifest.path}: target {target!r} needs stage {stage.name!r}, which has no "
                 f"[stages.{stage.name}] table; add one with at least: {', '.join(missing)}.")
         values = {k: f.default for k, f in stage.fields.items()}
-    if stage.name == "python" and not values.get("version"):
-        values["version"] = manifest.image["python"]
+    for key, field in stage.fields.items():
+        if field.same_as and not values.get(key):
+            values[key] = manifest.image[field.same_as]
     if values.get("version") == "auto":
         raise LockError(f"{manifest.path}: stages.{stage.name}.version = \"auto\" must be "
                         "resolved first; run `invoke lock`.")

@@ -71,7 +71,7 @@ def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
     current = lock.read(path)
     local = local_ids(settings, "record" if resolve else "read")
     settled = lock.settle(loaded, current, settings.registry, local_id=local)
-    rule_verdict(settled.manifest, settled.nccl_pin())
+    rule_verdict(settled.manifest, _nccl(settled.pins()))
     if settings.locked:
         lock.check(loaded, current, path, registry=settings.registry)
     elif resolve and settled.unresolved:
@@ -79,7 +79,7 @@ def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
         pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
         resolver = lock.Upstream(cache=source_cache(settings), stages=settings.registry)
         settled = lock.settle(loaded, current, settings.registry, resolver, local)
-        rule_verdict(settled.manifest, settled.nccl_pin())
+        rule_verdict(settled.manifest, _nccl(settled.pins()))
     _tell_stale(path, current, settled, resolved=resolve)
     return settled
 
@@ -102,6 +102,13 @@ def local_ids(settings: Settings, mode: localimages.Mode) -> lock.LocalId:
     return lambda ref: store.id_for(ref, mode)
 
 
+def _nccl(pins: Mapping[str, Mapping[str, Any]]) -> NcclPin | None:
+    # Until the NCCL-vs-PyTorch rule reads the lock pins itself.
+    pin = pins.get("nccl_pytorch_pin")
+    return None if pin is None else NcclPin(version=pin["version"], commit=pin["commit"],
+                                            evidence=dict(pin.get("evidence", {})))
+
+
 def rule_verdict(manifest: Manifest, pin: NcclPin | None) -> rules.Verdict:
     """Every compatibility rule on `manifest` as it will be built, with the NCCL its PyTorch
     pins when the lock records it for this manifest; refuses (exit 3) every violation no
@@ -113,7 +120,7 @@ def waived(settings: Settings, manifest: Manifest) -> rules.Verdict:
     """What the waivers of `manifest` (as planned) accept, for `invoke plan`."""
     raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     current = lock.read(lock.lock_path(settings.manifest))
-    return rule_verdict(manifest, lock.settle(raw, current, settings.registry).nccl_pin())
+    return rule_verdict(manifest, _nccl(lock.settle(raw, current, settings.registry).pins()))
 
 
 def default_target(settings: Settings) -> str:
@@ -206,8 +213,8 @@ def write_lock(settings: Settings, *, upgrade: bool,
                            upgrade=upgrade, only=stages, local_id=local_ids(settings, "refresh"))
     new = settled.lock()
     rules.enforce(manifest_mod.with_versions(loaded, new.versions(), registry=settings.registry),
-                  new.pin())
-    changes = lock.diff(previous, new)
+                  _nccl(new.pins()))
+    changes = lock.diff(previous, new, settings.registry)
     # Same pins, same creation time: only a moved pin gives images a new date.
     kept = previous.source_date_epoch if previous and not lock.pins_moved(previous, new) else None
     new = dataclasses.replace(new, source_date_epoch=kept or int(time.time()))
@@ -267,16 +274,18 @@ def check(settings: Settings) -> list[str]:
         lock.check(raw, current, path, registry=settings.registry)
     settled = lock.settle(raw, current, settings.registry,
                           local_id=local_ids(settings, "read"))
-    pin = settled.nccl_pin()
+    pin = _nccl(settled.pins())
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
     judged = manifest_mod.with_versions(raw, settled.lock().versions(), registry=settings.registry)
     verdict = rules.enforce(judged, pin)
     lines = [f"note: {note}" for note in compat.notes(judged)] + verdict.lines()
     lines.append(f"lock: {path.name} " + _lock_state(current, settled))
     loaded = settled.manifest
-    if raw.stages.get("nccl", {}).get("version") == "auto" and pin is None:
-        lines.append('nccl: version "auto" is resolved by `invoke lock`; plans need the lock')
-        return lines
+    waiting = [f"{stage.name}: its lock pin {pin.entry} is resolved by `invoke lock`; plans "
+               "need the lock" for stage in settings.registry.values() for pin in stage.lock_pins
+               if pin.waits(raw) and pin.entry not in settled.pins()]
+    if waiting:
+        return lines + waiting
     loaded = prepare(loaded, settings.registry)
     graph = registry_for(settings, loaded)
     plans = [make_plan(loaded, t, graph) for t in defined_targets(loaded, graph)]

@@ -57,6 +57,8 @@ class UrlSource:
     filename: str  # file name inside the context dir
     # Checked before the file enters the cache (e.g. the EFA installer's .sig).
     signature: Signature | None = None
+    # The key of the stage's table the lock fills with the file's sha256.
+    pin_key: str = "sha256"
 
     def __post_init__(self) -> None:
         if self.filename in ("", ".", "..") or "/" in self.filename or "\0" in self.filename:

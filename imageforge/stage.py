@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from imageforge.sources import GitSource, Source, UrlSource
 from imageforge.validate import Kind
+
+if TYPE_CHECKING:
+    from imageforge.lockpin import LockPin
 
 Inputs = Mapping[str, Any]
 # What a check needs besides the image. "efa" means an EFA device; the instances that have
@@ -44,6 +47,9 @@ class Field:
     # commit). Once that pin is known, where the bytes came from is not part of the key, so a
     # mirror, or a ref naming the same commit, serves the same key.
     locates: str | None = None
+    # An [image] key this field defaults to and must equal when given (python's version is
+    # image.python: one Python per image).
+    same_as: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,6 +123,9 @@ class Stage:
     tag_template: str | None = None
     # Choices worth a warning whenever this stage is planned (a key baked into an image).
     warnings: Callable[[Context], Sequence[str]] = lambda _ctx: ()
+    # Pins this stage resolves at lock time from other stages' pins (imageforge.lockpin),
+    # e.g. the NCCL that PyTorch's commit pins.
+    lock_pins: tuple[LockPin, ...] = ()
 
 
 def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:

@@ -35,6 +35,7 @@ from imageforge import smoke
 from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from stages.nccl_pytorch_pin import PIN as PYTORCH_PIN
 
 BUILDDIR = "/tmp/nccl-build"
 
@@ -170,4 +171,5 @@ STAGE = Stage(
     env_paths=env_paths,
     env=env,
     checks=checks,
+    lock_pins=(PYTORCH_PIN,),
 )

@@ -68,7 +68,8 @@ STAGE = Stage(
     doc=__doc__ or "",
     deps=("base",),
     fields={
-        "version": Field(kind="version", help="Python major.minor (defaults to [image] python)"),
+        "version": Field(kind="version", same_as="python",
+                         help="Python major.minor (defaults to [image] python)"),
         "provider": Field(kind="name", default="miniconda", choices=("miniconda", "venv"),
                           help="how /opt/conda is made: miniconda or venv"),
         "url": Field(kind="url", locates="sha256",

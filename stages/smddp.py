@@ -49,7 +49,7 @@ def s3_plugin(ctx: Context) -> UrlSource | None:
     if not url:
         return None
     return UrlSource(name="src-smddp-s3", url=str(url), sha256=inputs.get("s3_plugin_sha256"),
-                     filename=filename_of(str(url)))
+                     filename=filename_of(str(url)), pin_key="s3_plugin_sha256")
 
 
 def sources(ctx: Context) -> Sequence[Source]:

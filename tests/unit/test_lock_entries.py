@@ -13,8 +13,10 @@ from imageforge import lock
 from imageforge.errors import LockError
 from imageforge.manifest import load
 from imageforge.plan import make_plan
-from stages import STAGES
+from stages import STAGES, nccl_pytorch_pin
 from tests.unit.conftest import ROOT
+
+NCCL_PIN = (nccl_pytorch_pin.ENTRY,)
 
 SAMPLE = ROOT / "manifests/sample.toml"
 NCCL_COMMIT = "507f9c571bb959fce87c3bfce0e3da9afa344c65"
@@ -28,7 +30,7 @@ def sample_lock() -> lock.Lock:
     raw = load(SAMPLE, registry=STAGES)
     entries = dict(lock.settle(raw, None, STAGES).entries)
     entries[lock.BASE] = lock.Entry(origin={"ref": raw.image["base"]}, pin={"digest": None})
-    entries[lock.NCCL_PIN] = lock.Entry(
+    entries[NCCL_PIN] = lock.Entry(
         origin={"pytorch_version": "1.10.2", "pytorch_commit": raw.stages["pytorch"]["commit"],
                 "cuda": "11.3"},
         pin={"version": "2.10.3", "commit": NCCL_COMMIT, "evidence": {}})

@@ -22,8 +22,10 @@ from imageforge.errors import DockerError, LockError, ManifestError, SourceError
 from imageforge.manifest import Manifest, load
 from imageforge.sources import GitSource, SourceCache, UrlSource
 from sample.serve import ServerHandle
-from stages import STAGES
+from stages import STAGES, nccl_pytorch_pin
 from tests.unit.conftest import ROOT, sample_manifest
+
+NCCL_PIN = (nccl_pytorch_pin.ENTRY,)
 
 SAMPLE = ROOT / "manifests/sample.toml"
 A = "a" * 40
@@ -111,7 +113,7 @@ def test_describe_names_stale_and_unused_entries() -> None:
     n = ("stages", "nccl", "src-nccl")
     assert lock.describe(_settled((s, lock.BASE), ())) == \
         "stale entries stages.efa.src-efa, base"
-    assert lock.describe(_settled((), (n, lock.NCCL_PIN))) == \
+    assert lock.describe(_settled((), (n, NCCL_PIN))) == \
         "unused entries stages.nccl.src-nccl, nccl_pytorch_pin"
     assert lock.describe(_settled((s,), (n,))) == \
         "stale entries stages.efa.src-efa; unused entries stages.nccl.src-nccl"
@@ -155,7 +157,7 @@ def test_diff_describes_each_kind_of_entry() -> None:
         git: entry({"repo": "r", "ref": "v1"}, commit=A),
         lock.BASE: entry({"ref": "img:1"}, digest="sha256:" + SHA_A),
         ("upgraded", "efa"): entry({"version": "1.14.1", "policy": "minor"}, to="1.15.0"),
-        lock.NCCL_PIN: entry({"pytorch_commit": A}, version="2.10.3", commit=A),
+        NCCL_PIN: entry({"pytorch_commit": A}, version="2.10.3", commit=A),
         ("extends",): entry({"ref": "x"}, digest=None, provides=["a"]),
     })
     new = lock.Lock(entries={
@@ -163,10 +165,10 @@ def test_diff_describes_each_kind_of_entry() -> None:
         git: entry({"repo": "r", "ref": "v2"}, commit=B),
         lock.BASE: entry({"ref": "img:1"}, digest="sha256:" + SHA_B),
         ("upgraded", "nccl"): entry({"version": "2.10.3", "policy": "patch"}, to="2.10.4"),
-        lock.NCCL_PIN: entry({"pytorch_commit": B}, version="2.18.1", commit=B),
+        NCCL_PIN: entry({"pytorch_commit": B}, version="2.18.1", commit=B),
         ("extends",): entry({"ref": "x"}, digest=None, provides=["a"], versions={}),
     })
-    assert lock.diff(old, new) == [
+    assert lock.diff(old, new, STAGES) == [
         "base: sha256:" + SHA_A + " -> sha256:" + SHA_B,
         "extends: digest None -> digest None",
         f"nccl pinned by pytorch: 2.10.3 -> 2.18.1 ({B})",
@@ -181,17 +183,17 @@ def test_diff_from_nothing_and_to_nothing() -> None:
     src = ("stages", "efa", "src-efa")
     new = lock.Lock(entries={
         src: entry({"url": "u"}, sha256=SHA_A),
-        lock.NCCL_PIN: entry({}, version="2.10.3", commit=A),
+        NCCL_PIN: entry({}, version="2.10.3", commit=A),
         ("upgraded", "efa"): entry({"version": "1.14.1", "policy": "minor"}, to="1.15.0"),
         ("custom", "thing"): entry({}, level=3, nested={"x": 1}),
     })
-    assert lock.diff(None, new) == [
+    assert lock.diff(None, new, STAGES) == [
         "custom.thing: (none) -> level 3",
         f"nccl pinned by pytorch: None -> 2.10.3 ({A})",
         f"efa: src-efa (none) -> {SHA_A}",
         "efa: 1.14.1 -> 1.15.0 (policy minor)",
     ]
-    assert lock.diff(new, lock.Lock(entries={})) == [
+    assert lock.diff(new, lock.Lock(entries={}), STAGES) == [
         "custom.thing: level 3 -> (none)",
         "nccl pinned by pytorch: 2.10.3 -> None (None)",
         f"efa: src-efa {SHA_A} -> (none)",
@@ -225,10 +227,9 @@ def test_the_resolver_keeps_what_an_entry_already_pins(tmp_path: Path) -> None:
     assert up.source(url, old_url) == {"sha256": SHA_A, "extra": 1}
     assert up.base("img:1", entry({"ref": "img:1"}, digest="d")) == {"digest": "d"}
     assert up.base("img@sha256:" + SHA_B, None) == {"digest": "sha256:" + SHA_B}
-    pytorch = GitSource(name="src-pytorch", repo="r", ref="v1", commit=A)
     pinned = entry({}, version="2.10.3", commit=A, evidence={"e": 1})
-    assert up.nccl_pin(manifest, pytorch, pinned) == {"version": "2.10.3", "commit": A,
-                                                       "evidence": {"e": 1}}
+    assert up.lock_pin(nccl_pytorch_pin.PIN, manifest, STAGES, pinned) == {
+        "version": "2.10.3", "commit": A, "evidence": {"e": 1}}
     packages = entry({}, packages=[{"name": "p"}])
     assert up.pip("smddp", {}, packages) == {"packages": [{"name": "p"}]}
 
@@ -343,8 +344,9 @@ def test_the_nccl_pin_is_read_from_pytorch_and_recorded_with_redacted_repos(
     pytorch = manifest.stages["pytorch"]
     source = GitSource(name="src-pytorch", repo=str(pytorch["repo"]),
                        ref=f"v{pytorch['version']}", commit=str(pytorch["commit"]))
+    assert nccl_pytorch_pin._pytorch(manifest, STAGES)[1] == source
     up = lock.Upstream(cache=SourceCache(tmp_path / "cache"), stages=STAGES)
-    pin = up.nccl_pin(manifest, source, None)
+    pin = up.lock_pin(nccl_pytorch_pin.PIN, manifest, STAGES, None)
     assert (pin["version"], pin["commit"]) == ("2.10.3", NCCL_COMMIT)
     evidence = pin["evidence"]
     assert evidence["pytorch_repo"] == str(pytorch["repo"]).replace("bot:s3cret@", "***@")
@@ -452,7 +454,8 @@ def test_a_malformed_lock_names_the_entry(tmp_path: Path, data: object, why: str
 
 def test_fill_takes_the_lock_pin_unless_the_manifest_gives_one() -> None:
     url = UrlSource(name="src-smddp", url="https://h/w.whl", sha256=None, filename="w.whl")
-    s3 = UrlSource(name="src-smddp-s3", url="https://h/p.whl", sha256=None, filename="p.whl")
+    s3 = UrlSource(name="src-smddp-s3", url="https://h/p.whl", sha256=None, filename="p.whl",
+                   pin_key="s3_plugin_sha256")
     git = GitSource(name="src-nccl", repo="r", ref="v1", commit=None)
     values: dict[str, object] = {"sha256": None}
     lock._fill(values, url, {"sha256": SHA_A, "commit": A})
@@ -469,8 +472,8 @@ def test_fill_takes_the_lock_pin_unless_the_manifest_gives_one() -> None:
 def test_settle_pins_each_source_from_the_lock_and_names_what_is_missing() -> None:
     manifest = load(ROOT / "manifests/smddp.toml", registry=STAGES)
     first = lock.settle(manifest, None, STAGES)
-    assert lock.NCCL_PIN in first.stale
-    assert lock.NCCL_PIN in first.unresolved
+    assert NCCL_PIN in first.stale
+    assert NCCL_PIN in first.unresolved
     assert None not in first.stale
     assert None not in first.unresolved
     smddp = manifest.stages["smddp"]
@@ -485,27 +488,24 @@ def test_settle_pins_each_source_from_the_lock_and_names_what_is_missing() -> No
     assert ("stages", "smddp", "src-smddp") not in settled.stale
 
 
-def test_the_locks_nccl_pin() -> None:
-    assert lock.Lock(entries={}).pin() is None
-    the_lock = lock.Lock(entries={lock.NCCL_PIN: entry({}, version="2.10.3", commit=A,
-                                                        evidence={"method": "submodule"})})
-    pin = the_lock.pin()
-    assert pin is not None
-    assert (pin.version, pin.commit, pin.evidence) == ("2.10.3", A, {"method": "submodule"})
-    bare = lock.Lock(entries={lock.NCCL_PIN: entry({}, version="2.10.3", commit=A)}).pin()
-    assert bare is not None
-    assert bare.evidence == {}
+def test_the_locks_own_sections_pins() -> None:
+    assert lock.Lock(entries={}).pins() == {}
+    the_lock = lock.Lock(entries={NCCL_PIN: entry({}, version="2.10.3", commit=A,
+                                                  evidence={"method": "submodule"}),
+                                  ("stages", "efa", "src-efa"): entry({}, sha256=SHA_A)})
+    assert the_lock.pins() == {nccl_pytorch_pin.ENTRY: {
+        "version": "2.10.3", "commit": A, "evidence": {"method": "submodule"}}}
 
 
 def test_with_nccl_pin_replaces_auto_only() -> None:
     auto = load(ROOT / "manifests/smddp.toml", ["stages.nccl.version=auto"], registry=STAGES)
-    assert lock.with_nccl_pin(auto, None) is auto
-    pin = lock.Lock(entries={lock.NCCL_PIN: entry({}, version="2.10.3", commit=A)}).pin()
-    resolved = lock.with_nccl_pin(auto, pin)
+    pin = lock.Lock(entries={NCCL_PIN: entry({}, version="2.10.3", commit=A)}).pins()[
+        nccl_pytorch_pin.ENTRY]
+    resolved = nccl_pytorch_pin.apply(auto, pin)
     assert {k: resolved.stages["nccl"][k] for k in ("version", "commit", "ref")} == {
         "version": "2.10.3", "commit": A, "ref": A}
     explicit = load(ROOT / "manifests/smddp.toml", registry=STAGES)
-    assert lock.with_nccl_pin(explicit, pin) is explicit
+    assert nccl_pytorch_pin.apply(explicit, pin) is explicit
 
 
 class Recording:
@@ -534,10 +534,11 @@ class Recording:
     def extended(self, _manifest: object, _old: lock.Entry | None) -> dict[str, object]:
         raise AssertionError("nothing here extends an image")
 
-    def nccl_pin(self, manifest: object, pytorch: GitSource, old: lock.Entry | None
-                 ) -> dict[str, object]:
+    def lock_pin(self, pin: object, manifest: object, _registry: object,
+                 old: lock.Entry | None) -> dict[str, object]:
+        assert pin is nccl_pytorch_pin.PIN
         assert isinstance(manifest, Manifest)
-        self.calls.append(("nccl_pin", pytorch.commit or "", old))
+        self.calls.append(("nccl_pin", str(manifest.stages["pytorch"]["commit"]), old))
         return {"version": "2.10.3", "commit": NCCL_COMMIT, "evidence": {}}
 
     def pip(self, stage: str, _origin: object, old: lock.Entry | None) -> dict[str, object]:
@@ -580,7 +581,7 @@ def test_settle_asks_the_resolver_once_for_each_missing_pin() -> None:
     lock.settle(_smddp(), settled.lock(), STAGES, revisit)  # type: ignore[arg-type]
     assert sorted((k, w) for k, w, _ in revisit.calls) == sorted(asked)
     for kind, what, old in revisit.calls:
-        path = {"base": lock.BASE, "nccl_pin": lock.NCCL_PIN}.get(kind)
+        path = {"base": lock.BASE, "nccl_pin": NCCL_PIN}.get(kind)
         if path is None:
             path = next(p for p in settled.entries if p[-1] == what)
         assert old == settled.entries[path], (kind, what)
@@ -592,7 +593,7 @@ def test_with_nccl_auto_every_stage_is_still_pinned() -> None:
                        resolver)  # type: ignore[arg-type]
     plain = lock.settle(_smddp(), None, STAGES, Recording())  # type: ignore[arg-type]
     assert auto.unresolved == ()
-    assert set(auto.entries) == set(plain.entries) | {lock.NCCL_PIN}
+    assert set(auto.entries) == set(plain.entries) | {NCCL_PIN}
     assert auto.manifest.stages["nccl"]["version"] == "2.10.3"
     pins = [c for c in resolver.calls if c[0] == "nccl_pin"]
     assert len(pins) == 1
@@ -658,7 +659,9 @@ def test_the_nccl_pin_records_the_manifests_repos_not_where_rewrites_sent_us(
     source = GitSource(name="src-pytorch", repo=str(pytorch["repo"]),
                        ref=f"v{pytorch['version']}", commit=str(pytorch["commit"]))
     cache = SourceCache(tmp_path / "cache", _Rewrite("http://upstream.invalid", sample_server.url))
-    pin = lock.Upstream(cache=cache, stages=STAGES).nccl_pin(manifest, source, None)
+    assert nccl_pytorch_pin._pytorch(manifest, STAGES)[1] == source
+    pin = lock.Upstream(cache=cache, stages=STAGES).lock_pin(nccl_pytorch_pin.PIN, manifest,
+                                                             STAGES, None)
     assert pin["version"] == "2.10.3"
     assert pin["evidence"]["pytorch_repo"] == "http://upstream.invalid/git/pytorch.git"
     assert pin["evidence"]["nccl_repo"] == str(manifest.stages["nccl"]["repo"])
@@ -853,9 +856,9 @@ def test_an_nccl_pin_entry_without_evidence_still_applies() -> None:
     assert sample.stages["nccl"]["version"] == "auto"
     origin = {"pytorch_version": "1.10.2", "pytorch_commit": sample.stages["pytorch"]["commit"],
               "cuda": "11.3"}
-    the_lock = lock.Lock(entries={lock.NCCL_PIN: entry(origin, version="2.10.3",
+    the_lock = lock.Lock(entries={NCCL_PIN: entry(origin, version="2.10.3",
                                                        commit=NCCL_COMMIT)})
     settled = lock.settle(sample, the_lock, STAGES)
-    assert lock.NCCL_PIN not in settled.stale
+    assert NCCL_PIN not in settled.stale
     assert (settled.manifest.stages["nccl"]["version"],
             settled.manifest.stages["nccl"]["commit"]) == ("2.10.3", NCCL_COMMIT)

@@ -20,10 +20,10 @@ import pytest
 from imageforge import lock, piplock
 from imageforge.errors import CompatibilityError, LockError
 from imageforge.manifest import Manifest, load
-from imageforge.sources import GitSource, Source, SourceCache, UrlSource
+from imageforge.sources import Source, SourceCache, UrlSource
 from imageforge.stage import Context, Stage, git_source
 from imageforge.upstream import Endpoints
-from stages import STAGES
+from stages import STAGES, nccl_pytorch_pin
 from tests.servers import ScriptedServer
 from tests.unit.conftest import ROOT
 from tests.unit.test_mut_lock import (
@@ -39,6 +39,8 @@ from tests.unit.test_mut_lock import (
     entry,
 )
 from tests.unit.test_piplock import _wheel
+
+NCCL_PIN = (nccl_pytorch_pin.ENTRY,)
 
 A = "a" * 40
 LOCAL_ID = "sha256:" + "3" * 64
@@ -306,9 +308,11 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str, st
 def _nccl_pin(repos: tuple[Path, Path, str, str], cache: SourceCache, *overrides: str
               ) -> dict[str, object]:
     nccl, pytorch, commit, _ = repos
-    manifest = _smddp(f"stages.nccl.repo={nccl}", *overrides)
-    source = GitSource(name="src-pytorch", repo=str(pytorch), ref="release/2.7", commit=commit)
-    return lock.Upstream(cache=cache, stages=STAGES).nccl_pin(manifest, source, None)
+    manifest = _smddp(f"stages.nccl.repo={nccl}", f"stages.pytorch.repo={pytorch}",
+                      "stages.pytorch.ref=release/2.7", f"stages.pytorch.commit={commit}",
+                      *overrides)
+    return dict(lock.Upstream(cache=cache, stages=STAGES).lock_pin(
+        nccl_pytorch_pin.PIN, manifest, STAGES, None))
 
 
 @pytest.mark.usefixtures("isolated_git")
@@ -374,9 +378,9 @@ def test_the_nccl_pin_of_an_image_without_cuda_records_no_cuda(tmp_path: Path) -
     manifest = load(path, (f"stages.pytorch.commit={A}",), registry=STAGES)
     origin: dict[str, object] = {"pytorch_version": "1.10.2", "pytorch_commit": A, "cuda": None}
     pinned = entry(origin, version="2.10.3", commit="5" * 40)
-    settled = lock.settle(manifest, lock.Lock(entries={lock.NCCL_PIN: pinned}), STAGES)
-    assert lock.NCCL_PIN not in settled.stale
-    assert settled.entries[lock.NCCL_PIN] == pinned
+    settled = lock.settle(manifest, lock.Lock(entries={NCCL_PIN: pinned}), STAGES)
+    assert NCCL_PIN not in settled.stale
+    assert settled.entries[NCCL_PIN] == pinned
     assert json.loads(lock.text(settled.lock(), manifest))["nccl_pytorch_pin"]["from"] == origin
 
 
@@ -422,8 +426,8 @@ def test_the_nccl_pin_reads_pytorch_with_the_images_settings() -> None:
     origin: dict[str, object] = {"pytorch_version": "1.10.2", "pytorch_commit": A,
                                  "cuda": "11.3"}
     pinned = entry(origin, version="2.10.3", commit="5" * 40)
-    settled = lock.settle(manifest, lock.Lock(entries={lock.NCCL_PIN: pinned}), registry)
-    assert settled.entries[lock.NCCL_PIN] == pinned
+    settled = lock.settle(manifest, lock.Lock(entries={NCCL_PIN: pinned}), registry)
+    assert settled.entries[NCCL_PIN] == pinned
     assert settled.entries[("stages", "pytorch", "src-pytorch")].origin == {
         "repo": manifest.stages["pytorch"]["repo"], "ref": "v1.10.2-cu113"}
 
@@ -454,11 +458,11 @@ def test_an_upgrade_leaves_an_entry_without_a_stage_to_the_unused_ones() -> None
 def test_upgrading_every_stage_keeps_the_nccl_pin_while_pytorch_stays() -> None:
     manifest = _smddp()
     first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
-    kept = lock.Entry(origin=first.entries[lock.NCCL_PIN].origin,
-                      pin={**first.entries[lock.NCCL_PIN].pin, "evidence": {"method": "submodule"}})
-    the_lock = lock.Lock(entries={**first.entries, lock.NCCL_PIN: kept})
+    kept = lock.Entry(origin=first.entries[NCCL_PIN].origin,
+                      pin={**first.entries[NCCL_PIN].pin, "evidence": {"method": "submodule"}})
+    the_lock = lock.Lock(entries={**first.entries, NCCL_PIN: kept})
     settled = lock.settle(manifest, the_lock, STAGES, Upgrading(None, {}))  # type: ignore[arg-type]
-    assert settled.entries[lock.NCCL_PIN] == kept
+    assert settled.entries[NCCL_PIN] == kept
 
 
 # ---- diff and the base digest --------------------------------------------------------------------

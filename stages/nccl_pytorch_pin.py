@@ -1,0 +1,85 @@
+"""The nccl stage's lock pin: the NCCL that the pinned PyTorch commit builds against.
+
+Resolved when the lock is written, from PyTorch's commit alone (never from where PyTorch was
+fetched): its `third_party/nccl` submodule, or the pin file of releases that pin NCCL per CUDA
+version (imageforge.ncclpin). With `[stages.nccl] version = "auto"` the nccl stage builds that
+version and exact commit; with an explicit version it is the evidence the NCCL-vs-PyTorch
+rule judges the manifest by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from imageforge.compat import image_cuda
+from imageforge.download import redact
+from imageforge.lockpin import LockPin, Pin, Upstream
+from imageforge.manifest import Manifest
+from imageforge.ncclpin import pytorch_nccl_pin
+from imageforge.plan import stage_inputs
+from imageforge.sources import GitSource
+from imageforge.stage import Context, Stage
+
+ENTRY = "nccl_pytorch_pin"
+
+
+def _pytorch(manifest: Manifest, registry: Mapping[str, Stage]) -> tuple[Mapping[str, Any],
+                                                                         GitSource]:
+    inputs = stage_inputs(manifest, registry["pytorch"], "pytorch")
+    source = registry["pytorch"].sources(Context(image=manifest.image,
+                                                 stages={"pytorch": inputs}))[0]
+    assert isinstance(source, GitSource)
+    return inputs, source
+
+
+def origin(manifest: Manifest, registry: Mapping[str, Stage]) -> Mapping[str, Any] | None:
+    inputs, source = _pytorch(manifest, registry)
+    if not source.commit:
+        return None
+    cuda = image_cuda(manifest)
+    return {"pytorch_version": str(inputs["version"]), "pytorch_commit": source.commit,
+            "cuda": str(cuda) if cuda else None}
+
+
+def resolve(manifest: Manifest, registry: Mapping[str, Stage], where: Upstream) -> Pin:
+    _, pytorch = _pytorch(manifest, registry)
+    assert pytorch.commit
+    cuda = image_cuda(manifest)
+    nccl_repo = str(manifest.stages["nccl"]["repo"])
+    pin = pytorch_nccl_pin(
+        pytorch_repo=where.locate(pytorch.repo), pytorch_commit=pytorch.commit,
+        pytorch_version=str(manifest.stages["pytorch"]["version"]), pytorch_ref=pytorch.ref,
+        cuda=str(cuda) if cuda else None, nccl_repo=where.locate(nccl_repo),
+        mirrors=where.mirrors)
+    # The lock records where sources come from, not where rewrite rules sent this machine.
+    evidence = {**pin.evidence, "pytorch_repo": redact(pytorch.repo),
+                "nccl_repo": redact(nccl_repo)}
+    return {"version": pin.version, "commit": pin.commit, "evidence": evidence}
+
+
+def waits(manifest: Manifest) -> bool:
+    return manifest.stages.get("nccl", {}).get("version") == "auto"
+
+
+def apply(manifest: Manifest, pin: Pin) -> Manifest:
+    """Replace `stages.nccl.version = "auto"` by the version and exact commit PyTorch pins."""
+    nccl = manifest.stages.get("nccl")
+    if nccl is None or nccl.get("version") != "auto":
+        return manifest
+    # The pin may be a post-release fix with no tag of its own: build the commit itself.
+    resolved = {**nccl, "version": pin["version"], "commit": pin["commit"],
+                "ref": pin["commit"]}
+    return dataclasses.replace(manifest, stages={**manifest.stages, "nccl": resolved})
+
+
+def describe(before: Pin | None, after: Pin | None) -> str:
+    version = after.get("version") if after else None
+    commit = after.get("commit") if after else None
+    return (f"nccl pinned by pytorch: {before.get('version') if before else None} -> "
+            f"{version} ({commit})")
+
+
+PIN = LockPin(entry=ENTRY, reads=("pytorch",), origin=origin, resolve=resolve, apply=apply,
+              describe=describe, waits=waits)
