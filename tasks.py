@@ -1,33 +1,28 @@
 """imageforge's command line: `invoke <task> --help` for each task's flags.
 
-Tasks hold no logic: they parse flags, call the engine and turn its errors into one line
-and an exit code (imageforge/errors.py lists them).
+Tasks hold no logic: they parse flags into the arguments of imageforge/front.py, print what
+it returns and turn its errors into one line and an exit code (imageforge/errors.py lists
+them).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json as jsonlib
-import math
-import os
 import signal
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from imageforge import diskfull, project
+from imageforge import diskfull, front
 from imageforge.errors import FatalError, UsageError
-from imageforge.mirror import parse_rewrites
-from imageforge.plan import Plan
-from stages import discover
+from stages import STAGES, discover
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,7 +34,6 @@ REMOTE_HELP = ("registry repository of the shared artifact cache, e.g. "
 MIRROR_HELP = ("fetch only from this mirror (a directory or URL made by mirror.sync); "
                "the original URLs are never contacted")
 TARGET_DEFAULT = "default: the image the manifest defines"
-
 
 
 def _terminate(_signum: int, _frame: object) -> None:
@@ -77,66 +71,10 @@ def boundary(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def whole_number(flag: str, value: str | int, *, minimum: int) -> int:
-    """A flag's whole-number value; invoke would raise a traceback on a typed flag."""
-    try:
-        number = int(value)
-    except ValueError:
-        number = minimum - 1
-    if number < minimum:
-        raise UsageError(f"--{flag} {value}: give a whole number of at least {minimum}.")
-    return number
-
-
-def ratio(flag: str, value: str | float) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number > 0):
-        raise UsageError(f"--{flag} {value}: give a number above 0, e.g. 1.2.")
-    return number
-
-
-def write_output(flag: str, path: str, text: str, *, append: bool = False) -> None:
-    """Write (or append to) the file a flag names; refusing a path names that flag."""
-    try:
-        with open(path, "a" if append else "w", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError as exc:
-        if diskfull.is_full(exc):
-            raise
-        raise UsageError(f"{flag} {path}: cannot write it ({exc.strerror or exc}); give a file "
-                         "in an existing, writable directory.") from None
-
-
-def settings(c: Context, manifest: str | None, overrides: list[str] | None,
-             *, locked: bool = False, remote: str | None = None,
-             mirror: str | None = None) -> project.Settings:
-    config = c.config.get("imageforge", {})
-    return project.Settings(
-        manifest=Path(manifest or config.get("manifest") or project.DEFAULT_MANIFEST),
-        overrides=tuple(overrides or ()),
-        cache_dir=Path(config.get("cache_dir") or "cache"),
-        locked=locked,
-        remote=remote or config.get("remote") or None,
-        rewrites=parse_rewrites(config.get("rewrite")),
-        mirror=mirror,
-        registry=discover(stage_dirs(config.get("stage_dirs"))),
-    )
-
-
-def stage_dirs(value: Any) -> tuple[Path, ...]:
-    """`imageforge.stage_dirs` (invoke.yaml, or INVOKE_IMAGEFORGE_STAGE_DIRS): a list of
-    directories, or one string of them separated like PATH."""
-    if not value:
-        return ()
-    if isinstance(value, str):
-        return tuple(Path(v) for v in value.split(os.pathsep) if v)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(Path(v) for v in value)
-    raise UsageError(f"imageforge.stage_dirs = {value!r}: give a directory or a list of "
-                     "directories of stage modules.")
+def config(c: Context) -> front.Config:
+    """invoke's `imageforge` configuration, and the loader of the stage registry: the engine
+    never imports `stages`, the front end passes it in."""
+    return front.Config(table=c.config.get("imageforge", {}), discover=discover)
 
 
 @task(help={"manifest": MANIFEST_HELP, "set": SET_HELP,
@@ -145,10 +83,9 @@ def stage_dirs(value: Any) -> tuple[Path, ...]:
 def check(c: Context, manifest: str | None = None, set: list[str] | None = None,
           locked: bool = False) -> None:
     """Validate a manifest (keys, values, compatibility rules, lock) and plan its images."""
-    s = settings(c, manifest, set, locked=locked)
-    for line in project.check(s):
-        print(f"  {line}")
-    print(f"{s.manifest}: valid")
+    for line in front.check(config(c), front.Flags(manifest=manifest, overrides=set,
+                                                       locked=locked)):
+        print(line)
 
 
 @task(help={"manifest": MANIFEST_HELP, "set": SET_HELP}, iterable=["set"])
@@ -157,10 +94,7 @@ def show(c: Context, manifest: str | None = None, set: list[str] | None = None) 
     """Print the effective manifest, each value with the file and line it comes from.
 
     Tables a manifest inherits (`inherit = "smddp.toml"`) are merged in, --set applied."""
-    from imageforge.manifest import show as show_manifest
-
-    s = settings(c, manifest, set)
-    print(show_manifest(s.manifest, s.overrides, registry=s.registry))
+    print(front.show(config(c), front.Flags(manifest=manifest, overrides=set)))
 
 
 @task(
@@ -175,33 +109,9 @@ def plan(c: Context, target: str | None = None, manifest: str | None = None,
          set: list[str] | None = None, json: bool = False, graph: str | None = None,
          remote: str | None = None) -> None:
     """Show the stages a target needs, in build order, with keys and cache status."""
-    from imageforge import remote as remote_mod
-
-    s = settings(c, manifest, set, remote=remote)
-    target = target or project.default_target(s)
-    with remote_mod.session(s.remote) as registry:
-        planned = project.plan(s, target, remote=registry)
-    verdict = project.waived(s, planned.manifest)
-    if graph:
-        from imageforge.graph import write_graph
-
-        write_graph(planned, Path(graph))
-    if json:
-        document = planned.to_json(project.manifest_label(s.manifest))
-        if verdict.accepted:
-            document["waived"] = [accepted.to_json() for accepted in verdict.accepted]
-        print(jsonlib.dumps(document, indent=2))
-        return
-    print(f"target {planned.target}  manifest {project.manifest_label(s.manifest)}")
-    for line in verdict.lines():
-        print(line)
-    extended = planned.manifest.image.get("extends")
-    if extended:
-        print(f"on {extended}, which already has: {', '.join(planned.manifest.image['provides'])}")
-    print(f"{'stage':<18} {'status':<7} {'version':<12} {'key':<19} deps")
-    for st in planned.stages:
-        version = str(st.inputs.get("version") or "-")
-        print(f"{st.name:<18} {st.status:<7} {version:<12} {st.key[:19]} {','.join(st.deps)}")
+    found = front.plan(config(c), front.Flags(manifest=manifest, overrides=set, remote=remote),
+                       target, graph)
+    print(jsonlib.dumps(found.to_json(), indent=2) if json else found.table())
 
 
 @task(
@@ -217,18 +127,8 @@ def render(c: Context, target: str | None = None, manifest: str | None = None,
            set: list[str] | None = None, format: str = "dockerfile",
            output: str | None = None) -> None:
     """Print the multi-stage Dockerfile (or a docker-bake.json) for a target."""
-    if format not in ("dockerfile", "bake"):
-        raise UsageError(f"--format {format}: unknown format; use dockerfile or bake.")
-    s = settings(c, manifest, set)
-    planned = project.plan(s, target or project.default_target(s))
-    if format == "dockerfile":
-        text = project.dockerfile(planned)
-    else:
-        text = jsonlib.dumps(project.bake(s, planned), indent=2) + "\n"
-    if output:
-        write_output("--output", output, text)
-    else:
-        sys.stdout.write(text)
+    sys.stdout.write(front.render(config(c), front.Flags(manifest=manifest, overrides=set),
+                                  target, format, output))
 
 
 @task(
@@ -272,59 +172,13 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
 
     Every stage the target needs is built in one parallel BuildKit run, and what no cache
     holds is stored under its key; then test-image runs the image's checks."""
-    from imageforge import cabundle, export
-    from imageforge.build import BuildOptions, markdown_summary
-    from imageforge.build import build as run_build
-    from imageforge.build import summary as summary_table
-
-    if progress not in ("auto", "plain", "json", "tty"):
-        raise UsageError(f"--progress {progress}: use auto, plain or json.")
-    overrides, code_target = code_overrides(code, program, target)
-    bundle = cabundle.resolve(ca_bundle or c.config.get("imageforge", {}).get("ca_bundle") or None)
-    s = settings(c, manifest, [*(set or []), *overrides], locked=locked, remote=remote,
-                 mirror=mirror)
-    target = code_target or project.default_target(s)
-    options = BuildOptions(target=target, tag=tag, push=push, builder=builder,
-                           progress=progress, dry_run=dry_run,  # type: ignore[arg-type]
-                           ca_bundle=bundle, expect_key=expect_key)
-    s = dataclasses.replace(s, layer_cache=layer_cache or c.config.get("imageforge", {}).get(
-        "layer_cache") or None)
-    if output is not None:
-        export.check_destination(Path(output))
-    result = run_build(s, options)
-    if result is None:
-        return
-    print(summary_table(result))
-    if output is not None:
-        print(f"exported {result.target}'s files to "
-              f"{export.export(s, result.target, Path(output))}")
-    if summary:
-        write_output("--summary", summary, markdown_summary(result), append=True)
-    github = os.environ.get("GITHUB_STEP_SUMMARY")
-    if github:
-        write_output("$GITHUB_STEP_SUMMARY", github, markdown_summary(result), append=True)
-    if not test or not project.is_image(s, target):
-        return
-    if push:
-        # Nothing local to run: the image went to the registry without being loaded.
-        print(f"checks not run: --push does not load {result.tag} here; "
-              "build without --push, then `invoke test-image`.")
-        return
-    print()
-    check_image(s, project.plan(s, target), result.tag)
-
-
-def code_overrides(code: str | None, program: str | None, target: str | None
-                   ) -> tuple[list[str], str | None]:
-    """`--code DIR --program FILE` as --set overrides of the code stage, which they make the
-    target when no target or the image the code goes on (smddp) is given."""
-    if code is None and program is None:
-        return [], target
-    if code is None or program is None:
-        raise UsageError("--code and --program go together: --code names the directory of "
-                         "the training code, --program the script in it SageMaker runs.")
-    overrides = [f"stages.code.dir={Path(code).resolve()}", f"stages.code.program={program}"]
-    return overrides, "code" if target in (None, "smddp") else target
+    flags = front.Flags(manifest=manifest, overrides=set, locked=locked, remote=remote,
+                        mirror=mirror, layer_cache=layer_cache, code=code, program=program)
+    request = front.BuildRequest(target=target, push=push, tag=tag, builder=builder,
+                                 progress=progress, dry_run=dry_run, test=test, summary=summary,
+                                 ca_bundle=ca_bundle, output=output, expect_key=expect_key)
+    for line in front.build(config(c), flags, request):
+        print(line)
 
 
 @task(
@@ -339,14 +193,9 @@ def code_overrides(code: str | None, program: str | None, target: str | None
 def lock(c: Context, manifest: str | None = None, set: list[str] | None = None,
          upgrade: bool = False, stage: list[str] | None = None, check: bool = False) -> None:
     """Resolve every sha256, commit and base digest into <manifest>.lock.json."""
-    s = settings(c, manifest, set)
-    if check:
-        print(f"{project.check_lock(s)}: up to date")
-        return
-    path, changes = project.write_lock(s, upgrade=upgrade, stages=tuple(stage or ()))
-    for line in changes:
-        print(f"  {line}")
-    print(f"{path}: {'updated' if changes else 'unchanged'}")
+    for line in front.lock(config(c), front.Flags(manifest=manifest, overrides=set),
+                           upgrade=upgrade, stages=stage, check=check):
+        print(line)
 
 
 @task(
@@ -358,10 +207,9 @@ def lock(c: Context, manifest: str | None = None, set: list[str] | None = None,
 def fetch(c: Context, target: str | None = None, manifest: str | None = None,
           set: list[str] | None = None, mirror: str | None = None) -> None:
     """Download and verify every source a target needs into the source cache."""
-    s = settings(c, manifest, set, mirror=mirror)
-    fetched = project.fetch(s, target or project.default_target(s))
-    for name, path in sorted(fetched.items()):
-        print(f"{name:<20} {path}")
+    for line in front.fetch(config(c), front.Flags(manifest=manifest, overrides=set,
+                                                       mirror=mirror), target):
+        print(line)
 
 
 @task(
@@ -386,57 +234,26 @@ def test_image(c: Context, target: str | None = None, image: str | None = None,
 
     The checks run in one container. Passing runs are recorded by image digest in
     cache/tests/."""
-    from imageforge.build import default_tag
-
-    s = settings(c, manifest, set)
-    if target is not None and not project.is_image(s, target):
-        raise UsageError(f"--target {target} is not an image; test-image checks image "
-                         f"targets: {', '.join(project.image_targets(s))}.")
-    target = target or project.default_target(s)
-    planned = project.plan(s, target)
-    json_path = Path(json) if json else None
-    junit_path = Path(junit) if junit else None
-    if report:
-        json_path = json_path or Path(report) / f"test-image-{target}.json"
-        junit_path = junit_path or Path(report) / f"test-image-{target}.xml"
-    check_image(s, planned, image or default_tag(planned), hardware=hardware,
-                json_path=json_path, junit_path=junit_path)
-
-
-def check_image(s: project.Settings, planned: Plan, image: str, *, hardware: bool = False,
-                json_path: Path | None = None, junit_path: Path | None = None) -> None:
-    """test-image's output, shared with build: the table, the report files, the record of a
-    passing digest, and exit 10 naming every failed check."""
-    from imageforge.checkreport import publish, table
-    from imageforge.checks import require_passed, run_image_tests
-
-    run = run_image_tests(planned, image, hardware=hardware)
-    print(table(run))
-    for path in publish(s.cache_dir, run, json_path=json_path, junit_path=junit_path):
-        print(f"wrote {path}")
-    require_passed(run)
+    request = front.CheckRequest(target=target, image=image, hardware=hardware, json_file=json,
+                                 junit_file=junit, report_dir=report)
+    for line in front.test_image(config(c), front.Flags(manifest=manifest, overrides=set),
+                                 request):
+        print(line)
 
 
 @task
 @boundary
 def docs(c: Context) -> None:
     """Regenerate the manifest reference (README.md, docs/manifest.md) from the stages."""
-    from imageforge.reference import update_page, update_readme
-    from stages import STAGES
-
-    changed = update_readme(Path("README.md"), STAGES)
-    print("README.md: manifest reference " + ("updated" if changed else "already current"))
-    changed = update_page(Path("docs/manifest.md"), STAGES)
-    print("docs/manifest.md: " + ("updated" if changed else "already current"))
+    for line in front.docs(STAGES):
+        print(line)
 
 
 @task(name="ls", help={"json": "print entries as JSON"})
 @boundary
 def cache_ls(c: Context, json: bool = False) -> None:
     """List the local artifact cache: stage, key, size, age, last used, hits."""
-    from imageforge.cachecmd import list_entries
-
-    print(list_entries(settings(c, None, None), as_json=json))
+    print(front.cache_ls(config(c), as_json=json))
 
 
 @task(name="prune", help={"max_size": "keep at most this much, e.g. 20G or 500M",
@@ -446,10 +263,8 @@ def cache_ls(c: Context, json: bool = False) -> None:
 def cache_prune(c: Context, max_size: str | None = None, older_than: str | None = None,
                 keep_last: str = "0") -> None:
     """Remove artifacts by age and size (never while a build uses them)."""
-    from imageforge.cachecmd import prune
-
-    print(prune(settings(c, None, None), max_size=max_size, older_than=older_than,
-                keep_last=whole_number("keep-last", keep_last, minimum=0)))
+    print(front.cache_prune(config(c), max_size=max_size, older_than=older_than,
+                            keep_last=keep_last))
 
 
 @task(name="push", help={"remote": REMOTE_HELP, "target": "only the stages of this target",
@@ -458,9 +273,8 @@ def cache_prune(c: Context, max_size: str | None = None, older_than: str | None 
 def cache_push(c: Context, remote: str | None = None, target: str | None = None,
                manifest: str | None = None, set: list[str] | None = None) -> None:
     """Push local artifacts to the remote cache (all, or a target's)."""
-    from imageforge.cachecmd import push
-
-    print(push(settings(c, manifest, set, remote=remote), target))
+    print(front.cache_push(config(c), front.Flags(manifest=manifest, overrides=set,
+                                                 remote=remote), target))
 
 
 @task(name="pull", help={"remote": REMOTE_HELP,
@@ -470,10 +284,8 @@ def cache_push(c: Context, remote: str | None = None, target: str | None = None,
 def cache_pull(c: Context, target: str | None = None, remote: str | None = None,
                manifest: str | None = None, set: list[str] | None = None) -> None:
     """Download a target's artifacts from the remote cache into the local one."""
-    from imageforge.cachecmd import pull
-
-    s = settings(c, manifest, set, remote=remote)
-    print(pull(s, target or project.default_target(s)))
+    print(front.cache_pull(config(c), front.Flags(manifest=manifest, overrides=set,
+                                                 remote=remote), target))
 
 
 @task(help={"target": f"stage to explain ({TARGET_DEFAULT})", "manifest": MANIFEST_HELP,
@@ -483,10 +295,8 @@ def cache_pull(c: Context, target: str | None = None, remote: str | None = None,
 def explain(c: Context, target: str | None = None, manifest: str | None = None,
             set: list[str] | None = None, remote: str | None = None) -> None:
     """For each stage that must rebuild, what differs from its last build here."""
-    from imageforge.cachecmd import explain as explain_plan
-
-    s = settings(c, manifest, set, remote=remote)
-    print(explain_plan(s, target or project.default_target(s)))
+    print(front.explain(config(c), front.Flags(manifest=manifest, overrides=set, remote=remote),
+                        target))
 
 
 @task(name="sync", help={"to": "directory to write the mirror into", "manifest": MANIFEST_HELP,
@@ -497,9 +307,7 @@ def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
     """Copy every source of a locked manifest into DIR, for air-gapped builds (--mirror).
 
     DIR gets the files, bare git repositories and an index.json; build with --mirror DIR."""
-    if not to:
-        raise UsageError("mirror.sync needs --to DIR: the directory to write the mirror into.")
-    print(project.mirror_sync(settings(c, manifest, set), Path(to)))
+    print(front.mirror_sync(config(c), front.Flags(manifest=manifest, overrides=set), to))
 
 
 @task(
@@ -525,47 +333,13 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
             size_budget: str = "1.2", report: str | None = None, webhook: str | None = None,
             remote: str | None = None, matrix: str | None = None) -> None:
     """lock --upgrade, rebuild what changed, test-image, push a dated tag, promote."""
-    from imageforge.nightly import NightlyOptions, run
-
-    config = c.config.get("imageforge", {})
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
-    options = NightlyOptions(
-        target=target, push=push, repository=repository or config.get("repository") or None,
-        channel=channel, template=tag_template, size_budget=ratio("size-budget", size_budget),
-        report_dir=Path(report) if report else None,
-        webhook=webhook or config.get("webhook") or os.environ.get("IMAGEFORGE_WEBHOOK_URL"))
-    if matrix:
-        if manifest or set or target or tag_template:
-            raise UsageError("nightly --matrix: the matrix file names each image's manifest, "
-                             "--set overrides, target and tag; drop --manifest, --set, --target "
-                             "and --tag-template.")
-        matrix_nightly(c, matrix, options, remote)
-        return
-    result = run(settings(c, manifest, set, remote=remote), options)
-    print(f"nightly {result.target}: {result.status}"
-          + (f"; promoted {result.promoted}" if result.promoted else ""))
-    if summary_file:
-        from imageforge.nightly import markdown
-
-        write_output("$GITHUB_STEP_SUMMARY", summary_file, markdown(result), append=True)
-
-
-def matrix_nightly(c: Context, file: str, options: Any, remote: str | None) -> None:
-    from imageforge import matrix as matrix_mod
-    from imageforge.nightly import MatrixImage, matrix_markdown, run_matrix
-
-    images = [MatrixImage(settings=settings(c, str(e.manifest), list(e.overrides), remote=remote),
-                          target=e.target, tag=e.tag, label=e.label)
-              for e in matrix_mod.load(Path(file))]
-    result = run_matrix(file, images, options)
-    for image in result.images:
-        print(f"nightly {image.manifest} {image.target}: {image.status}"
-              + (f"; promoted {image.promoted}" if image.promoted else ""))
-    print(f"{len(result.images)} images: {result.status}; {len(result.built_keys)} stage "
-          f"builds, {len(set(result.built_keys))} distinct keys")
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary_file:
-        write_output("$GITHUB_STEP_SUMMARY", summary_file, matrix_markdown(result), append=True)
+    request = front.NightlyRequest(target=target, push=push, repository=repository,
+                                   channel=channel, tag_template=tag_template,
+                                   size_budget=size_budget, report=report, webhook=webhook,
+                                   matrix=matrix)
+    for line in front.nightly(config(c), front.Flags(manifest=manifest, overrides=set,
+                                                     remote=remote), request):
+        print(line)
 
 
 @task(help={"image": "image by digest, REPOSITORY@sha256:...",
@@ -573,33 +347,7 @@ def matrix_nightly(c: Context, file: str, options: Any, remote: str | None) -> N
 @boundary
 def promote(c: Context, image: str | None = None, tag: str = "golden") -> None:
     """Point a tag at a digest that passed test-image, without rebuilding."""
-    from imageforge import golden
-    from imageforge import remote as remote_mod
-
-    if not image:
-        raise UsageError("promote needs --image REPOSITORY@sha256:<digest>: the tested image "
-                         "to point the tag at.")
-    s = settings(c, None, None)
-    with remote_mod.credentials(image.split("/", 1)[0]) as env:
-        print(golden.promote(image, tag, cache_dir=s.cache_dir, env=env))
-
-
-def matrix_settings(c: Context, entry: Any) -> project.Settings:
-    return settings(c, str(entry.manifest), list(entry.overrides))
-
-
-def matrix_plans(c: Context, entries: list[Any]) -> list[Any]:
-    from imageforge.matrix import Planned
-
-    plans = []
-    for entry in entries:
-        s = matrix_settings(c, entry)
-        target = entry.target or project.default_target(s)
-        planned = project.plan(s, target)
-        plans.append(Planned(entry=entry, target=target,
-                             keys={st.name: st.key for st in planned.stages},
-                             statuses={st.name: st.status for st in planned.stages}))
-    return plans
+    print(front.promote(config(c), image, tag))
 
 
 @task(name="plan", help={"file": "the matrix file ([[image]] tables)",
@@ -607,20 +355,8 @@ def matrix_plans(c: Context, entries: list[Any]) -> list[Any]:
 @boundary
 def matrix_plan(c: Context, file: str | None = None, json: bool = False) -> None:
     """Plan every image of a matrix: what each builds, and what the images share."""
-    from imageforge import matrix as matrix_mod
-
-    if not file:
-        raise UsageError("matrix.plan needs --file: the matrix file ([[image]] tables).")
-    found = matrix_mod.summary(matrix_plans(c, matrix_mod.load(Path(file))))
-    if json:
-        print(jsonlib.dumps(found, indent=2))
-        return
-    for image in found["images"]:
-        print(f"{image['image']}: {image['stages']} stages, builds "
-              f"{', '.join(image['builds']) or 'nothing'}"
-              + (f"; shares {', '.join(image['shared'])}" if image["shared"] else ""))
-    print(f"{len(found['images'])} images, {found['stage_slots']} stage slots, "
-          f"{found['distinct_keys']} distinct keys, {found['keys_to_build']} to build")
+    found = front.matrix_plan(config(c), file)
+    print(jsonlib.dumps(found.to_json(), indent=2) if json else found.table())
 
 
 @task(name="build", help={"file": "the matrix file ([[image]] tables)",
@@ -631,40 +367,8 @@ def matrix_plan(c: Context, file: str | None = None, json: bool = False) -> None
 def matrix_build(c: Context, file: str | None = None, test: bool = True,
                  progress: str = "auto", report: str | None = None) -> None:
     """Build every image of a matrix; a stage several images share is built once."""
-    from imageforge import matrix as matrix_mod
-    from imageforge.build import BuildOptions
-    from imageforge.build import build as run_build
-    from imageforge.build import summary as summary_table
-
-    if not file:
-        raise UsageError("matrix.build needs --file: the matrix file ([[image]] tables).")
-    if progress not in ("auto", "plain", "json", "tty"):
-        raise UsageError(f"--progress {progress}: use auto, plain or json.")
-    entries = matrix_mod.load(Path(file))
-    results: list[dict[str, Any]] = []
-    for entry in entries:
-        s = matrix_settings(c, entry)
-        target = entry.target or project.default_target(s)
-        print(f"== {entry.label}: {target}")
-        result = run_build(s, BuildOptions(target=target, tag=entry.tag,
-                                           progress=progress))  # type: ignore[arg-type]
-        assert result is not None
-        print(summary_table(result))
-        if test and project.is_image(s, target):
-            check_image(s, project.plan(s, target), result.tag)
-        results.append({"image": entry.label, "target": target, "tag": result.tag,
-                        "stages": {st.name: {"key": st.key, "state": st.state}
-                                   for st in result.stages}})
-    built = [st["key"] for r in results for st in r["stages"].values() if st["state"] == "built"]
-    document = {"file": file, "images": results, "built": len(built),
-                "distinct_built": len(set(built))}
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    path = settings(c, None, None).cache_dir / "reports" / f"{stamp}-matrix.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(jsonlib.dumps(document, indent=2) + "\n")
-    if report:
-        write_output("--report", report, jsonlib.dumps(document, indent=2) + "\n")
-    print(f"{len(results)} images; {len(built)} stage builds, each key once; report {path}")
+    for line in front.matrix_build(config(c), file, test=test, progress=progress, report=report):
+        print(line)
 
 
 @task(name="generate",
@@ -682,43 +386,11 @@ def ci_generate(c: Context, format: str = "github", file: str | None = None,
                 target: str | None = None, remote: str | None = None, out: str | None = None,
                 json: bool = False) -> None:
     """Write a CI pipeline with one job per stage key the registry cache lacks."""
-    from imageforge import cigen
-    from imageforge import matrix as matrix_mod
-    from imageforge import remote as remote_mod
-
-    if format not in cigen.FORMATS:
-        raise UsageError(f"--format {format}: use github or gitlab.")
-    repository = remote or c.config.get("imageforge", {}).get("remote")
-    if not repository:
-        raise UsageError("ci.generate needs --remote REPOSITORY (or imageforge.remote): the "
-                         "registry cache through which the jobs hand artifacts on.")
-    remote_mod.check_repository(repository)
-    if file:
-        if manifest or set or target:
-            raise UsageError("ci.generate: --file lists the images; --manifest, --set and "
-                             "--target go in its [[image]] tables instead.")
-        entries = matrix_mod.load(Path(file))
-    else:
-        entries = [matrix_mod.Entry(manifest=settings(c, manifest, None).manifest,
-                                    target=target, tag=None, overrides=tuple(set or ()))]
-    images = []
-    for entry in entries:
-        s = matrix_settings(c, entry)
-        planned = project.plan(s, entry.target or project.default_target(s), resolve=True)
-        images.append(cigen.Image(manifest=project.manifest_label(entry.manifest),
-                                  overrides=entry.overrides, tag=entry.tag, plan=planned))
-    with remote_mod.credentials(repository.split("/", 1)[0]) as env:
-        found = cigen.pipeline(images, repository,
-                               cigen.registry_holds(remote_mod.Remote(repository=repository,
-                                                                      env=env)))
-    text = (jsonlib.dumps(cigen.as_json(found), indent=2) + "\n" if json else
-            cigen.render(found, format, source=file or project.manifest_label(entries[0].manifest)))
-    if out:
-        write_output("--out", out, text)
-        print(f"{out}: {cigen.summary(found)}")
-    else:
-        print(text, end="")
-        print(cigen.summary(found), file=sys.stderr)
+    found = front.ci_generate(config(c), front.Flags(manifest=manifest, overrides=set,
+                                                     remote=remote),
+                              fmt=format, file=file, target=target, out=out, as_json=json)
+    sys.stdout.write(found.out)
+    sys.stderr.write(found.err)
 
 
 cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
@@ -727,9 +399,7 @@ matrix = Collection("matrix", matrix_plan, matrix_build)
 mirror = Collection("mirror", mirror_sync)
 ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
                promote, cache, mirror, matrix, ci)
-ns.configure({"imageforge": {"manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache",
-                             "remote": "", "rewrite": "", "repository": "", "webhook": "",
-                             "layer_cache": "", "ca_bundle": "", "stage_dirs": ""}})
+ns.configure({"imageforge": dict(front.CONFIG_DEFAULTS)})
 
 
 # (manifest, target, golden file): the Dockerfiles tests/unit/test_render.py compares with.
@@ -745,15 +415,8 @@ def goldens(c: Context) -> None:
     """Rewrite the golden Dockerfiles of the render tests after an intended change.
 
     Review the diff before committing it (the tests only ever compare)."""
-    for manifest, target, path in GOLDEN_DOCKERFILES:
-        text = project.dockerfile(project.plan(project.Settings(manifest=Path(manifest),
-                                                                registry=discover(())),
-                                               target))
-        golden = Path(path)
-        changed = not golden.exists() or golden.read_text() != text
-        if changed:
-            golden.write_text(text)
-        print(f"{path}: " + ("updated" if changed else "already current"))
+    for line in front.goldens(GOLDEN_DOCKERFILES, discover(())):
+        print(line)
 
 
 ns.add_task(goldens)
@@ -779,24 +442,12 @@ def bench(c: Context, repeats: str = "3", out: str = "bench/results.json",
     left alone."""
     from bench.run import Options, run_benchmark
 
-    print(run_benchmark(Options(repeats=whole_number("repeats", repeats, minimum=1),
-                                out=Path(out),
-                                sizes=tuple(whole_number("sizes", s, minimum=1)
-                                            for s in sizes.split(",") if s.strip()),
-                                builds=builds, keep=keep,
-                                engine=bench_engine(engine))))
+    chosen = front.bench_choices(repeats=repeats, sizes=sizes, engine=engine)
+    print(run_benchmark(Options(repeats=chosen.repeats, out=Path(out), sizes=chosen.sizes,
+                                builds=builds, keep=keep, engine=chosen.engine)))
 
 
 ns.add_task(bench)
-
-
-def bench_engine(value: str) -> Literal["own", "host"]:
-    if value == "own":
-        return "own"
-    if value == "host":
-        return "host"
-    raise UsageError(f"--engine {value!r}: use `own` (the benchmark's own Docker engine) or "
-                     "`host`.")
 
 
 @task(
@@ -829,16 +480,12 @@ def run_local(c: Context, image: str | None = None, program: str | None = None,
 
     One container per host, the /opt/ml files SageMaker writes, a private network; exit 11
     when a host fails or the job runs out of time."""
-    from imageforge import sagemaker
-
-    spec = sagemaker.make_spec(image=image, output=output,
-                              hosts=whole_number("hosts", hosts, minimum=1), program=program,
-                              code=code, hp=hp or [], channel=channel or [],
-                              timeout=whole_number("timeout", timeout, minimum=1),
-                              cache_dir=settings(c, None, None).cache_dir, verbose=verbose)
-    result = sagemaker.run(spec, log=sys.stderr if json else sys.stdout)
-    print(jsonlib.dumps(result.to_json(), indent=2) if json else sagemaker.summary(result))
-    sagemaker.require_success(result)
+    request = front.RunLocalRequest(image=image, program=program, code=code, hosts=hosts, hp=hp,
+                                    channel=channel, output=output, timeout=timeout,
+                                    verbose=verbose)
+    for text in front.run_local(config(c), request, log=sys.stderr if json else sys.stdout,
+                                as_json=json):
+        print(text)
 
 
 ns.add_task(run_local)

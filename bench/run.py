@@ -74,7 +74,7 @@ ALTERNATIVES: Mapping[str, str] = {
     "smddp": "1.4.1",
 }
 
-# Rules a one-pin change of the sample breaks on purpose (ids from imageforge/compat.py).
+# Rules a one-pin change of the sample breaks on purpose (ids from stages/*_rules.toml).
 WAIVED: Mapping[str, tuple[str, ...]] = {"pytorch": ("torchvision-pytorch", "smddp-pytorch")}
 
 # Targets the benchmark reports against.

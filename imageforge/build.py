@@ -123,7 +123,7 @@ def labels(planned: Plan) -> dict[str, str]:
         values[f"{LABEL_PREFIX}.key.{stage.name}"] = stage.key
         if stage.inputs.get("version"):
             values[f"{LABEL_PREFIX}.version.{stage.name}"] = str(stage.inputs["version"])
-    return values | rules.labels(planned.manifest)
+    return values | rules.labels(planned.manifest, registry=planned.registry)
 
 
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:

@@ -63,9 +63,10 @@ def without(stages: Mapping[str, Stage], gone: set[str]) -> dict[str, Stage]:
         if name == BASE:
             result[name] = dataclasses.replace(stage, deps=(), recipe=lambda _ctx: "")
         elif name in gone:
+            # Its settings are still judged by its compatibility rules.
             result[name] = Stage(name=name, doc=stage.doc, deps=(), parent=BASE,
                                  fields=stage.fields, recipe=lambda _ctx: "", exports=(),
-                                 provided=True)
+                                 provided=True, rules=stage.rules)
         else:
             parent = BASE if stage.parent in gone else stage.parent
             deps = tuple(d for d in stage.deps if d not in gone)

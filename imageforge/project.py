@@ -17,7 +17,6 @@ from imageforge.artifacts import ArtifactStore
 from imageforge.errors import ManifestError, UsageError
 from imageforge.execute import is_external
 from imageforge.manifest import Manifest
-from imageforge.ncclpin import NcclPin
 from imageforge.plan import Plan, Status, defined_targets, make_plan
 from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.render import render_dockerfile
@@ -71,7 +70,7 @@ def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
     current = lock.read(path)
     local = local_ids(settings, "record" if resolve else "read")
     settled = lock.settle(loaded, current, settings.registry, local_id=local)
-    rule_verdict(settled.manifest, _nccl(settled.pins()))
+    rule_verdict(settled.manifest, settled.pins(), settings.registry)
     if settings.locked:
         lock.check(loaded, current, path, registry=settings.registry)
     elif resolve and settled.unresolved:
@@ -79,7 +78,7 @@ def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
         pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
         resolver = lock.Upstream(cache=source_cache(settings), stages=settings.registry)
         settled = lock.settle(loaded, current, settings.registry, resolver, local)
-        rule_verdict(settled.manifest, _nccl(settled.pins()))
+        rule_verdict(settled.manifest, settled.pins(), settings.registry)
     _tell_stale(path, current, settled, resolved=resolve)
     return settled
 
@@ -102,25 +101,20 @@ def local_ids(settings: Settings, mode: localimages.Mode) -> lock.LocalId:
     return lambda ref: store.id_for(ref, mode)
 
 
-def _nccl(pins: Mapping[str, Mapping[str, Any]]) -> NcclPin | None:
-    # Until the NCCL-vs-PyTorch rule reads the lock pins itself.
-    pin = pins.get("nccl_pytorch_pin")
-    return None if pin is None else NcclPin(version=pin["version"], commit=pin["commit"],
-                                            evidence=dict(pin.get("evidence", {})))
-
-
-def rule_verdict(manifest: Manifest, pin: NcclPin | None) -> rules.Verdict:
-    """Every compatibility rule on `manifest` as it will be built, with the NCCL its PyTorch
-    pins when the lock records it for this manifest; refuses (exit 3) every violation no
+def rule_verdict(manifest: Manifest, pins: rules.Pins,
+                 registry: Mapping[str, Stage]) -> rules.Verdict:
+    """Every compatibility rule on `manifest` as it will be built, with the lock's pins for
+    this manifest (e.g. the NCCL its PyTorch pins); refuses (exit 3) every violation no
     waiver accepts."""
-    return rules.enforce(manifest, pin)
+    return rules.enforce(manifest, pins, registry=registry)
 
 
 def waived(settings: Settings, manifest: Manifest) -> rules.Verdict:
     """What the waivers of `manifest` (as planned) accept, for `invoke plan`."""
     raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     current = lock.read(lock.lock_path(settings.manifest))
-    return rule_verdict(manifest, _nccl(lock.settle(raw, current, settings.registry).pins()))
+    return rule_verdict(manifest, lock.settle(raw, current, settings.registry).pins(),
+                        settings.registry)
 
 
 def default_target(settings: Settings) -> str:
@@ -207,13 +201,14 @@ def write_lock(settings: Settings, *, upgrade: bool,
     previous = lock.read(path, old_ok=True)
     # Before anything is downloaded; PyTorch's NCCL pin is judged once it is resolved.
     rules.enforce(manifest_mod.with_versions(loaded, previous.versions() if previous else {},
-                                             registry=settings.registry), None)
+                                             registry=settings.registry), None,
+                  registry=settings.registry)
     pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
     settled = lock.resolve(loaded, settings.registry, source_cache(settings), previous,
                            upgrade=upgrade, only=stages, local_id=local_ids(settings, "refresh"))
     new = settled.lock()
     rules.enforce(manifest_mod.with_versions(loaded, new.versions(), registry=settings.registry),
-                  _nccl(new.pins()))
+                  new.pins(), registry=settings.registry)
     changes = lock.diff(previous, new, settings.registry)
     # Same pins, same creation time: only a moved pin gives images a new date.
     kept = previous.source_date_epoch if previous and not lock.pins_moved(previous, new) else None
@@ -274,16 +269,17 @@ def check(settings: Settings) -> list[str]:
         lock.check(raw, current, path, registry=settings.registry)
     settled = lock.settle(raw, current, settings.registry,
                           local_id=local_ids(settings, "read"))
-    pin = _nccl(settled.pins())
+    pins = settled.pins()
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
     judged = manifest_mod.with_versions(raw, settled.lock().versions(), registry=settings.registry)
-    verdict = rules.enforce(judged, pin)
-    lines = [f"note: {note}" for note in compat.notes(judged)] + verdict.lines()
+    verdict = rules.enforce(judged, pins, registry=settings.registry)
+    lines = [f"note: {note}" for note in compat.notes(judged, registry=settings.registry)]
+    lines += verdict.lines()
     lines.append(f"lock: {path.name} " + _lock_state(current, settled))
     loaded = settled.manifest
     waiting = [f"{stage.name}: its lock pin {pin.entry} is resolved by `invoke lock`; plans "
                "need the lock" for stage in settings.registry.values() for pin in stage.lock_pins
-               if pin.waits(raw) and pin.entry not in settled.pins()]
+               if pin.waits(raw) and pin.entry not in pins]
     if waiting:
         return lines + waiting
     loaded = prepare(loaded, settings.registry)

@@ -1,21 +1,24 @@
 """Which compatibility findings stop a command, and which ones a manifest accepts.
 
 Every command that locks, plans a build, builds or runs the nightly calls `enforce` before any
-download or BuildKit call: it evaluates every rule of imageforge/compat.py and refuses (exit 3)
-with every violation that no waiver accepts, all at once. A manifest accepts a known violation
-only by naming the rule's id (the one in brackets in the report) and saying why:
+download or BuildKit call: it evaluates every rule of every stage in the registry (the rules
+on the lock's pins too, such as the nccl stage's on the NCCL PyTorch pins) and refuses (exit 3)
+with every violation that no waiver accepts, all at once. A manifest accepts a known
+violation only by naming the rule's id (the one in brackets in the report) and saying why:
 
     [waive]
     torchvision-pytorch = "seed 002 ships torchvision 0.9.1 with PyTorch 1.10.2"
 
-`stages.nccl.differs_from_pytorch = "..."` is the older spelling of `[waive] nccl-pytorch-pin`.
+A rule's data may name an older spelling of its waiver (`alias`: a key in a stage's table
+whose value is the reason; stages/nccl_rules.toml has one).
 `invoke check` and `invoke plan` print what each waiver accepted, and the image carries every
 waiver in force as a label `io.imageforge.waiver.<rule id>`.
 
 # Adding a rule
-Put its facts and `[rules.<id>]` (description, source, fix) in manifests/compat.toml and a
-function `(Manifest, Data) -> list[Violation]` in compat.RULES; enforcing, waiving, reporting
-and labelling go by the id and need nothing else.
+The stage it constrains declares it (`Stage.rules`, see docs/adding-a-stage.md): a function
+`(Manifest, Rule, registry) -> list[Violation]` and `[rules.<id>]` (description, source, fix)
+with its facts in the data file beside the stage module; enforcing, waiving, reporting and
+labelling go by the id and need nothing else.
 """
 
 from __future__ import annotations
@@ -23,19 +26,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from imageforge import compat
-from imageforge.compat import RULES_PATH, Violation
+from imageforge.compat import Registry, Violation
 from imageforge.docker import LABEL_PREFIX
 from imageforge.errors import CompatibilityError, ManifestError
 from imageforge.manifest import Manifest
-from imageforge.ncclpin import NcclPin
 
-NCCL_PIN: Final = "nccl-pytorch-pin"
-# rule id -> (stage, key) of a waiver spelled the old way, inside the stage's table.
-ALIASES: Final[Mapping[str, tuple[str, str]]] = {NCCL_PIN: ("nccl", "differs_from_pytorch")}
+Pins = Mapping[str, Mapping[str, Any]]
 HINT: Final = ('To accept a violation on purpose, name its rule id with the reason under '
                '[waive] in the manifest, e.g. [waive] torchvision-pytorch = "why".')
 
@@ -67,50 +66,55 @@ class Verdict:
         return lines
 
 
-def waivers(manifest: Manifest) -> dict[str, str]:
+def waivers(manifest: Manifest, *, registry: Registry) -> dict[str, str]:
     """rule id -> reason, for every waiver the manifest declares (either spelling)."""
     declared = dict(manifest.waivers)
-    for rule, (stage, key) in ALIASES.items():
-        reason = (manifest.stages.get(stage) or {}).get(key)
+    for rule, key in compat.aliases(registry=registry).items():
+        reason = _stage_value(manifest, key)
         if reason:
             declared.setdefault(rule, str(reason))
     return declared
 
 
-def evaluate(manifest: Manifest, pin: NcclPin | None, *,
-             rules_path: Path = RULES_PATH) -> tuple[list[Violation], Verdict]:
-    """The violations no waiver accepts, and the verdict on the waivers. `pin` is the NCCL the
-    manifest's PyTorch pins, when a lock has resolved it (None: that rule cannot be judged)."""
-    waived = waivers(manifest)
-    _require_known(manifest, waived, rules_path)
-    found = (compat.check(manifest, rules_path=rules_path)
-             + compat.nccl_pin_rule(manifest, pin, rules_path=rules_path))
+def evaluate(manifest: Manifest, pins: Pins | None, *, registry: Registry
+             ) -> tuple[list[Violation], Verdict]:
+    """The violations no waiver accepts, and the verdict on the waivers. `pins` are the
+    lock's pins for this manifest (entry -> pin; a rule on a pin it lacks is not judged)."""
+    waived = waivers(manifest, registry=registry)
+    _require_known(manifest, waived, registry)
+    found = compat.check(manifest, registry=registry, pins=pins)
     refused = [v for v in found if v.rule not in waived]
     accepted = tuple(Accepted(v, waived[v.rule]) for v in found if v.rule in waived)
-    judged = {rule for rule in waived if rule != NCCL_PIN or pin is not None}
+    judged = set(waived) - compat.unjudged(registry, pins)
     unused = tuple(sorted(judged - {v.rule for v in found}))
     return refused, Verdict(accepted=accepted, unused=unused)
 
 
-def enforce(manifest: Manifest, pin: NcclPin | None, *,
-            rules_path: Path = RULES_PATH) -> Verdict:
+def enforce(manifest: Manifest, pins: Pins | None, *, registry: Registry) -> Verdict:
     """Refuse (exit 3) every violation that no waiver accepts, all in one message."""
-    refused, verdict = evaluate(manifest, pin, rules_path=rules_path)
+    refused, verdict = evaluate(manifest, pins, registry=registry)
     if refused:
         report = compat.format_violations(refused, manifest=manifest.path)
         raise CompatibilityError(f"{report}\n{HINT}")
     return verdict
 
 
-def labels(manifest: Manifest) -> dict[str, str]:
+def labels(manifest: Manifest, *, registry: Registry) -> dict[str, str]:
     """Image labels for the waivers in force; one whose violation is gone is left out."""
-    _, verdict = evaluate(manifest, None)
+    _, verdict = evaluate(manifest, None, registry=registry)
     return {f"{LABEL_PREFIX}.waiver.{rule}": reason
-            for rule, reason in sorted(waivers(manifest).items()) if rule not in verdict.unused}
+            for rule, reason in sorted(waivers(manifest, registry=registry).items())
+            if rule not in verdict.unused}
 
 
-def _require_known(manifest: Manifest, waived: Mapping[str, str], rules_path: Path) -> None:
-    known = compat.rule_ids(rules_path=rules_path)
+def _stage_value(manifest: Manifest, key: str) -> Any:
+    """The value of "stages.<stage>.<key>" in `manifest`; None when it is not there."""
+    _, stage, name = key.split(".", 2)
+    return (manifest.stages.get(stage) or {}).get(name)
+
+
+def _require_known(manifest: Manifest, waived: Mapping[str, str], registry: Registry) -> None:
+    known = compat.rule_ids(registry=registry)
     for rule in waived:
         if rule not in known:
             close = difflib.get_close_matches(rule, known, n=1)

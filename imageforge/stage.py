@@ -16,6 +16,7 @@ from imageforge.sources import GitSource, Source, UrlSource
 from imageforge.validate import Kind
 
 if TYPE_CHECKING:
+    from imageforge.compat import Note, PinRule, Rule
     from imageforge.lockpin import LockPin
 
 Inputs = Mapping[str, Any]
@@ -106,6 +107,10 @@ class Stage:
     # Directories of the build host handed to BuildKit as named contexts (the user's code):
     # context name -> (path, sha256 of the tree). The digest must be among the stage's inputs.
     local_dirs: Callable[[Context], Mapping[str, tuple[str, str]]] = lambda _ctx: {}
+    # True for the stage that adds the user's training code on top of its parent image:
+    # `invoke build --code DIR --program FILE` sets its `dir` and `program` fields, and builds
+    # it instead of no target or that parent.
+    takes_code: bool = False
     # The PyPI project whose releases `lock --upgrade` reads, for a stage pip installs by
     # name (no URL or git ref to list).
     pypi_project: str | None = None
@@ -126,6 +131,10 @@ class Stage:
     # Pins this stage resolves at lock time from other stages' pins (imageforge.lockpin),
     # e.g. the NCCL that PyTorch's commit pins.
     lock_pins: tuple[LockPin, ...] = ()
+    # Compatibility rules of this stage (imageforge.compat), each with its id, the function
+    # that judges a manifest and the data file beside the module (source, fix hint, version
+    # tables); notes are findings `invoke check` prints that are nothing to waive.
+    rules: tuple[Rule | PinRule | Note, ...] = ()
 
 
 def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:

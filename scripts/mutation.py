@@ -69,7 +69,10 @@ def module_of(mutant: str) -> str:
 def load_verdicts() -> dict[str, int | None]:
     """Every mutant of the mutated modules and its exit code, from mutants/**/*.meta."""
     verdicts: dict[str, int | None] = {}
-    for meta in sorted((ROOT / "mutants/imageforge").rglob("*.py.meta")):
+    # The packages mutmut mutates ([tool.mutmut] source_paths): the engine and the stage
+    # modules that hold compatibility rules.
+    for meta in sorted(p for package in ("imageforge", "stages")
+                       for p in (ROOT / "mutants" / package).rglob("*.py.meta")):
         try:
             verdicts.update(json.loads(meta.read_text())["exit_code_by_key"])
         except (ValueError, KeyError):

@@ -52,6 +52,7 @@ from imageforge.stage import (
     git_source,
     url_source,
 )
+from stages.aws_ofi_nccl_rules import RULES
 
 SOURCE_DIR = "/tmp/aws-ofi-nccl"
 
@@ -174,4 +175,5 @@ STAGE = Stage(
     recipe=recipe,
     env_paths=env_paths,
     checks=checks,
+    rules=RULES,
 )

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from imageforge import smoke
 from imageforge.dockerfile import apt_install, sh
 from imageforge.stage import Check, Context, Field, Stage
+from stages.base_rules import RULES
 
 
 def recipe(ctx: Context) -> str:
@@ -50,4 +51,5 @@ STAGE = Stage(
     recipe=recipe,
     exports=(),
     checks=checks,
+    rules=RULES,
 )

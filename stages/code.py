@@ -93,6 +93,7 @@ STAGE = Stage(
     recipe=recipe,
     env=env,
     local_dirs=local_dirs,
+    takes_code=True,
     checks=checks,
     locked=False,
 )

@@ -26,11 +26,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from imageforge import smoke
-from imageforge.compat import known_efa
 from imageforge.dockerfile import bind, run, sh
 from imageforge.signature import DEFAULT_KEY_URL, Signature
 from imageforge.sources import Source
 from imageforge.stage import Check, Context, Field, Stage, url_fields, url_source
+from stages.efa_rules import RULES, known_efa
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -122,4 +122,5 @@ STAGE = Stage(
     env_paths=env_paths,
     env=env,
     checks=checks,
+    rules=RULES,
 )

@@ -36,6 +36,7 @@ from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, r
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 from stages.nccl_pytorch_pin import PIN as PYTORCH_PIN
+from stages.nccl_rules import RULES
 
 BUILDDIR = "/tmp/nccl-build"
 
@@ -172,4 +173,5 @@ STAGE = Stage(
     env=env,
     checks=checks,
     lock_pins=(PYTORCH_PIN,),
+    rules=RULES,
 )

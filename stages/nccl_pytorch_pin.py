@@ -2,7 +2,7 @@
 
 Resolved when the lock is written, from PyTorch's commit alone (never from where PyTorch was
 fetched): its `third_party/nccl` submodule, or the pin file of releases that pin NCCL per CUDA
-version (imageforge.ncclpin). With `[stages.nccl] version = "auto"` the nccl stage builds that
+version (stages/ncclpin.py). With `[stages.nccl] version = "auto"` the nccl stage builds that
 version and exact commit; with an explicit version it is the evidence the NCCL-vs-PyTorch
 rule judges the manifest by.
 """
@@ -17,10 +17,10 @@ from imageforge.compat import image_cuda
 from imageforge.download import redact
 from imageforge.lockpin import LockPin, Pin, Upstream
 from imageforge.manifest import Manifest
-from imageforge.ncclpin import pytorch_nccl_pin
 from imageforge.plan import stage_inputs
 from imageforge.sources import GitSource
 from imageforge.stage import Context, Stage
+from stages.ncclpin import pytorch_nccl_pin
 
 ENTRY = "nccl_pytorch_pin"
 

@@ -39,6 +39,7 @@ from imageforge.dockerfile import apt_commands, apt_install, bind, run, sh
 from imageforge.sources import Source, UrlSource
 from imageforge.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
 from stages import sagemaker_training
+from stages.smddp_rules import RULES
 
 PIP = "/opt/conda/bin/pip"
 
@@ -215,4 +216,5 @@ STAGE = Stage(
     env=env,
     checks=checks,
     warnings=warnings,
+    rules=RULES,
 )

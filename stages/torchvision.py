@@ -29,6 +29,7 @@ from imageforge import smoke
 from imageforge.dockerfile import apt_install, bind, run, sh
 from imageforge.sources import Source
 from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from stages.torchvision_rules import RULES
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -91,4 +92,5 @@ STAGE = Stage(
     sources=sources,
     recipe=recipe,
     checks=checks,
+    rules=RULES,
 )

@@ -9,21 +9,22 @@ import pytest
 from packaging.version import Version
 
 from imageforge.compat import (
-    RULES_PATH,
     check,
     format_violations,
-    known_efa,
-    nccl_pin_rule,
     notes,
     rule_ids,
 )
 from imageforge.errors import ManifestError
 from imageforge.manifest import Manifest, load
-from imageforge.ncclpin import SUBMODULE, NcclPin
 from stages import STAGES
+from stages.efa_rules import known_efa
+from stages.ncclpin import SUBMODULE, NcclPin
+from tests.rulesdata import changed, data_file, nccl_pin_rule
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
-DATA = tomllib.loads(RULES_PATH.read_text())
+# The tables the shipped combinations are built from (beside the stages they constrain).
+DATA = {"torchvision": tomllib.loads(data_file("torchvision").read_text())["torchvision"],
+        "known_good": tomllib.loads(data_file("smddp").read_text())["known_good"]}
 SMDDP_MIRROR_WHEEL = ("file:///mirror/smdistributed_dataparallel-{version}-cp311-cp311-"
                       "linux_x86_64.whl")
 
@@ -40,7 +41,7 @@ def with_stage_values(loaded: Manifest, stage: str, **values: Any) -> Manifest:
 
 @pytest.mark.parametrize("name", ["smddp", "pt25-cu124", "efa-nccl"])
 def test_shipped_manifests_pass(name: str) -> None:
-    assert check(manifest(name)) == []
+    assert check(manifest(name), registry=STAGES) == []
 
 
 def known_good_manifest(row: dict[str, str]) -> Manifest:
@@ -70,7 +71,7 @@ def known_good_manifest(row: dict[str, str]) -> Manifest:
 
 @pytest.mark.parametrize("row", DATA["known_good"], ids=lambda row: f"pt{row['pytorch']}")
 def test_every_shipped_combination_passes(row: dict[str, str]) -> None:
-    assert check(known_good_manifest(row)) == []
+    assert check(known_good_manifest(row), registry=STAGES) == []
 
 
 CASES: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str]]]] = {
@@ -169,7 +170,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str]]]] = {
 def test_violations(case: str) -> None:
     name, overrides, expected = CASES[case]
 
-    found = check(manifest(name, *overrides))
+    found = check(manifest(name, *overrides), registry=STAGES)
 
     assert sorted(v.rule for v in found) == sorted({rule for rule, _ in expected})
     for rule, fragment in expected:
@@ -178,7 +179,7 @@ def test_violations(case: str) -> None:
 
 
 def test_seed_torchvision_is_the_only_violation() -> None:
-    found = check(manifest("smddp", "stages.torchvision.version=0.9.1"))
+    found = check(manifest("smddp", "stages.torchvision.version=0.9.1"), registry=STAGES)
 
     assert [(v.rule, v.key) for v in found] == [("torchvision-pytorch",
                                                  "stages.torchvision.version")]
@@ -188,7 +189,8 @@ def test_seed_torchvision_is_the_only_violation() -> None:
 
 def test_every_violation_is_reported_at_once() -> None:
     found = check(manifest("smddp", "stages.torchvision.version=0.9.1", "image.python=3.9",
-                           "stages.aws-ofi-nccl.configure_flags=--disable-tests"))
+                           "stages.aws-ofi-nccl.configure_flags=--disable-tests"),
+                  registry=STAGES)
 
     assert sorted(v.rule for v in found) == ["plugin-disable-tests", "smddp-python",
                                              "torchvision-pytorch"]
@@ -196,7 +198,8 @@ def test_every_violation_is_reported_at_once() -> None:
 
 def test_building_the_plugin_despite_the_installer_is_explicit() -> None:
     loaded = manifest("pt25-cu124", "stages.efa.version=1.38.0")
-    assert check(with_stage_values(loaded, "aws-ofi-nccl", build_despite_bundled=True)) == []
+    assert check(with_stage_values(loaded, "aws-ofi-nccl", build_despite_bundled=True),
+                 registry=STAGES) == []
 
 
 def pin(version: str = "2.10.3") -> NcclPin:
@@ -227,14 +230,14 @@ def test_nccl_differing_from_pytorch_pin_is_a_violation_whatever_the_manifest_sa
 
 
 def test_every_rule_has_an_id_a_manifest_can_name() -> None:
-    ids = rule_ids()
+    ids = rule_ids(registry=STAGES)
     assert "nccl-pytorch-pin" in ids
     assert "torchvision-pytorch" in ids
     assert all(rule == rule.lower() and " " not in rule for rule in ids)
 
 
 def test_format_names_rule_key_fix_and_source() -> None:
-    found = check(manifest("smddp", "stages.torchvision.version=0.9.1"))
+    found = check(manifest("smddp", "stages.torchvision.version=0.9.1"), registry=STAGES)
 
     text = format_violations(found, manifest=Path("manifests/smddp.toml"))
 
@@ -262,16 +265,16 @@ def test_known_efa() -> None:
 
 def test_with_nccl_note_only_where_it_is_not_needed() -> None:
     flags = "stages.aws-ofi-nccl.configure_flags=--enable-platform-aws,--with-nccl=/opt/conda"
-    assert notes(manifest("pt25-cu124", flags)) == [
+    assert notes(manifest("pt25-cu124", flags), registry=STAGES) == [
         "aws-ofi-nccl 1.12.1-aws serves every NCCL from one build (from 1.5.0), so --with-nccl "
         "in stages.aws-ofi-nccl.configure_flags is not needed."]
-    assert notes(manifest("pt25-cu124")) == []
-    assert notes(manifest("smddp", "stages.aws-ofi-nccl.configure_flags=--with-nccl=/x")) == []
+    assert notes(manifest("pt25-cu124"), registry=STAGES) == []
+    assert notes(manifest("smddp", "stages.aws-ofi-nccl.configure_flags=--with-nccl=/x"),
+                 registry=STAGES) == []
 
 
 def test_broken_rules_file_is_a_clear_error(tmp_path: Path) -> None:
-    broken = tmp_path / "compat.toml"
-    broken.write_text(RULES_PATH.read_text().replace('"1.20" = "1.16.1"', '"1.20" = "one"'))
+    broken = changed(tmp_path, "efa", '"1.20" = "1.16.1"', '"1.20" = "one"', name="compat.toml")
 
     with pytest.raises(ManifestError, match=r"compat\.toml: unusable compatibility data"):
-        check(manifest("smddp"), rules_path=broken)
+        check(manifest("smddp"), registry=broken)

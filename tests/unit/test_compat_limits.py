@@ -2,20 +2,24 @@
 
 A bound moved by one (`>=` written `>`, `<` written `<=`) changes only what happens at the
 limit itself, so each rule is judged on the version that is its limit and on the nearest one
-past it. Where no EFA installer in manifests/compat.toml bundles exactly a libfabric floor,
+past it. Where no EFA installer in stages/efa_rules.toml bundles exactly a libfabric floor,
 the data is copied with two made-up installers that do (`with_installers`), so the code is
 tested at the limit and the real data stays as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from imageforge.compat import RULES_PATH, check, known_efa, notes
+from imageforge.compat import check, notes
 from imageforge.manifest import Manifest, load
+from imageforge.stage import Stage
 from stages import STAGES
+from stages.efa_rules import known_efa
+from tests.rulesdata import changed
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 NO_FLAGS = "stages.aws-ofi-nccl.configure_flags=[]"
@@ -31,8 +35,8 @@ def cuda(version: str, base_patch: str = "0") -> tuple[str, str]:
             f"image.base=nvidia/cuda:{version}.{base_patch}-cudnn8-devel-ubuntu22.04")
 
 
-def refused(loaded: Manifest, *, rules_path: Path = RULES_PATH) -> list[str]:
-    return sorted(v.rule for v in check(loaded, rules_path=rules_path))
+def refused(loaded: Manifest, *, registry: Mapping[str, Stage] = STAGES) -> list[str]:
+    return sorted(v.rule for v in check(loaded, registry=registry))
 
 
 # (manifest, overrides, the rules it breaks): each limit as a pair, at it and just past it.
@@ -104,13 +108,10 @@ def test_each_rule_at_its_exact_limit(name: str, overrides: tuple[str, ...],
     assert refused(manifest(name, *overrides)) == broken
 
 
-def with_installers(tmp_path: Path, installers: dict[str, str]) -> Path:
-    """compat.toml with more EFA installers (version -> the libfabric it bundles)."""
-    text = RULES_PATH.read_text(encoding="utf-8")
+def with_installers(tmp_path: Path, installers: dict[str, str]) -> Mapping[str, Stage]:
+    """The registry with more EFA installers (version -> the libfabric it bundles)."""
     rows = "".join(f'"{version}" = "{libfabric}"\n' for version, libfabric in installers.items())
-    path = tmp_path / "compat.toml"
-    path.write_text(text.replace("[efa.libfabric]\n", "[efa.libfabric]\n" + rows, 1))
-    return path
+    return changed(tmp_path, "efa", "[efa.libfabric]\n", "[efa.libfabric]\n" + rows)
 
 
 @pytest.mark.parametrize(("plugin", "at_floor", "below_floor"), [
@@ -120,23 +121,23 @@ def with_installers(tmp_path: Path, installers: dict[str, str]) -> Path:
 ])
 def test_plugin_libfabric_at_its_exact_floor(tmp_path: Path, plugin: str, at_floor: str,
                                              below_floor: str) -> None:
-    rules = with_installers(tmp_path, {"0.98": at_floor, "0.97": below_floor})
+    registry = with_installers(tmp_path, {"0.98": at_floor, "0.97": below_floor})
     base = ("stages.nccl.version=2.17.1", NO_FLAGS, f"stages.aws-ofi-nccl.version={plugin}")
 
     assert refused(manifest("efa-nccl", *base, "stages.efa.version=0.98.0"),
-                   rules_path=rules) == []
+                   registry=registry) == []
     assert refused(manifest("efa-nccl", *base, "stages.efa.version=0.97.0"),
-                   rules_path=rules) == ["plugin-libfabric"]
+                   registry=registry) == ["plugin-libfabric"]
 
 
 def test_platform_aws_libfabric_at_its_exact_floor(tmp_path: Path) -> None:
-    rules = with_installers(tmp_path, {"0.98": "1.22.0", "0.97": "1.21.9"})
+    registry = with_installers(tmp_path, {"0.98": "1.22.0", "0.97": "1.21.9"})
     plugin = ("stages.aws-ofi-nccl.version=1.13.0", PLATFORM_AWS)
 
     assert refused(manifest("pt25-cu124", *plugin, "stages.efa.version=0.98.0"),
-                   rules_path=rules) == []
+                   registry=registry) == []
     assert refused(manifest("pt25-cu124", *plugin, "stages.efa.version=0.97.0"),
-                   rules_path=rules) == ["plugin-platform-aws"]
+                   registry=registry) == ["plugin-platform-aws"]
 
 
 def test_the_installer_that_bundles_the_plugin_starts_at_1_38() -> None:
@@ -148,5 +149,7 @@ def test_the_installer_that_bundles_the_plugin_starts_at_1_38() -> None:
 
 def test_the_with_nccl_note_starts_at_1_5_0() -> None:
     flags = "stages.aws-ofi-nccl.configure_flags=--with-nccl=/opt/nccl"
-    assert len(notes(manifest("efa-nccl", "stages.aws-ofi-nccl.version=1.5.0", flags))) == 1
-    assert notes(manifest("efa-nccl", "stages.aws-ofi-nccl.version=1.4.9", flags)) == []
+    assert len(notes(manifest("efa-nccl", "stages.aws-ofi-nccl.version=1.5.0", flags),
+                     registry=STAGES)) == 1
+    assert notes(manifest("efa-nccl", "stages.aws-ofi-nccl.version=1.4.9", flags),
+                 registry=STAGES) == []

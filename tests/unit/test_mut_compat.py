@@ -1,20 +1,22 @@
-"""How compatibility findings name where PyTorch's NCCL pin was read (imageforge/compat.py)."""
+"""How compatibility findings name where PyTorch's NCCL pin was read (imageforge/compat.py),
+and what the rules beside the stages (stages/*_rules.py) read of their data and report."""
 
 from __future__ import annotations
 
 import dataclasses
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from imageforge import compat
-from imageforge.compat import RULES_PATH, nccl_pin_rule, pin_origin
 from imageforge.manifest import load
-from imageforge.ncclpin import NcclPin
-from stages import STAGES
+from stages import STAGES, aws_ofi_nccl_rules, base_rules, efa_rules, smddp_rules, torchvision_rules
+from stages.ncclpin import NcclPin
+from tests.rulesdata import changed, cited, data_file, nccl_pin_rule, pin_origin
 from tests.unit.conftest import ROOT
 
 COMMIT = "1a2b3c4d5e6f7a8b9c0d1a2b3c4d5e6f7a8b9c0d"
@@ -49,38 +51,49 @@ def test_the_nccl_pin_violation_names_pytorch_with_or_without_its_version() -> N
     assert nccl_pin_rule(same, pin) == []
 
 
+def _raw(stage: str) -> dict[str, Any]:
+    return tomllib.loads(data_file(stage).read_text())
+
+
 def test_the_compatibility_data_keeps_every_value_of_compat_toml() -> None:
-    raw = tomllib.loads(RULES_PATH.read_text())
-    data = compat._parse(raw)
-    assert {rid: (r.id, r.source, r.fix) for rid, r in data.rules.items()} == {
-        rid: (rid, r["source"], r["fix"]) for rid, r in raw["rules"].items()}
-    plugin = raw["aws-ofi-nccl"]
+    for path in (data_file(s) for s in ("nccl", "base", "efa", "aws-ofi-nccl", "torchvision",
+                                        "smddp")):
+        raw = tomllib.loads(path.read_text())
+        assert {rid: (r.id, r.source, r.fix) for rid, r in compat._parse(raw).rules.items()} == {
+            rid: (rid, r["source"], r["fix"]) for rid, r in raw["rules"].items()}
+    plugin, efa = _raw("aws-ofi-nccl")["aws-ofi-nccl"], _raw("efa")
+    data, installers = aws_ofi_nccl_rules.facts(), efa_rules.installers()
     assert data.with_nccl_unneeded_from == Version(plugin["with_nccl_unneeded_from"])
-    assert data.efa_bundles_plugin_from == Version(raw["efa"]["bundles_plugin_from"])
+    assert installers.bundles_plugin_from == Version(efa["efa"]["bundles_plugin_from"])
     assert data.flag_since == {k: Version(v) for k, v in plugin["flag_since"].items()}
-    assert data.efa_libfabric == {k: Version(v) for k, v in raw["efa"]["libfabric"].items()}
-    assert data.torchvision == {str(k): str(v) for k, v in raw["torchvision"].items()}
-    assert data.cuda_arch == {
-        arch: compat.ArchSupport(since=Version(s["since"]),
-                                 until=Version(s["until"]) if "until" in s else None)
-        for arch, s in raw["cuda_arch"].items()}
-    assert any(s.until is not None for s in data.cuda_arch.values())
-    assert data.smddp == {row["smddp"]: compat.Shipped(pytorch=row["pytorch"], cuda=row["cuda"])
-                          for row in raw["known_good"]}
-    for name in ("libfabric_min", "platform_aws_libfabric_min", "nccl_min"):
-        assert [(str(f.plugin), f.minimum) for f in getattr(data, name)] == [
-            (str(SpecifierSet(row["plugin"])), Version(row["minimum"]))
-            for row in plugin[name]]
+    assert installers.libfabric == {k: Version(v) for k, v in efa["efa"]["libfabric"].items()}
+    assert torchvision_rules.built_for() == {
+        str(k): str(v) for k, v in _raw("torchvision")["torchvision"].items()}
+    cuda_arch = base_rules.archs()
+    assert cuda_arch == {
+        arch: base_rules.ArchSupport(since=Version(s["since"]),
+                                     until=Version(s["until"]) if "until" in s else None)
+        for arch, s in _raw("base")["cuda_arch"].items()}
+    assert any(s.until is not None for s in cuda_arch.values())
+    assert smddp_rules.shipped() == {
+        row["smddp"]: smddp_rules.Shipped(pytorch=row["pytorch"], cuda=row["cuda"])
+        for row in _raw("smddp")["known_good"]}
+    floors = [(installers.libfabric_min, efa["aws-ofi-nccl"]["libfabric_min"]),
+              (data.platform_aws_libfabric_min, plugin["platform_aws_libfabric_min"]),
+              (data.nccl_min, plugin["nccl_min"])]
+    for parsed, rows in floors:
+        assert [(str(f.over), f.minimum) for f in parsed] == [
+            (str(SpecifierSet(row["plugin"])), Version(row["minimum"])) for row in rows]
 
 
 def test_the_installer_suggested_is_the_oldest_that_bundles_enough_libfabric() -> None:
-    data = compat._parse(tomllib.loads(RULES_PATH.read_text()))
-    assert compat._installer_with(data, Version("1.11")) == "EFA 1.11.2"
-    assert compat._installer_with(data, Version("1.16")) == "EFA 1.20.x"
-    assert compat._installer_with(data, Version("99")) == "a newer installer"
-    by_version = dataclasses.replace(data, efa_libfabric={"1.10": Version("1.6"),
-                                                          "1.9": Version("1.5")})
-    assert compat._installer_with(by_version, Version("1.5")) == "EFA 1.9.x"
+    data = efa_rules.installers()
+    assert efa_rules.installer_with(data, Version("1.11")) == "EFA 1.11.2"
+    assert efa_rules.installer_with(data, Version("1.16")) == "EFA 1.20.x"
+    assert efa_rules.installer_with(data, Version("99")) == "a newer installer"
+    by_version = dataclasses.replace(data, libfabric={"1.10": Version("1.6"),
+                                                      "1.9": Version("1.5")})
+    assert efa_rules.installer_with(by_version, Version("1.5")) == "EFA 1.9.x"
 
 
 def _only(found: list[compat.Violation], rule: str) -> compat.Violation:
@@ -89,35 +102,35 @@ def _only(found: list[compat.Violation], rule: str) -> compat.Violation:
 
 
 def _fix(rule: str, **values: str) -> str:
-    return str(tomllib.loads(RULES_PATH.read_text())["rules"][rule]["fix"]).format(**values)
+    return str(cited(rule)["fix"]).format(**values)
 
 
 def test_a_cuda_arch_violation_names_the_key_and_the_action() -> None:
-    data = compat._parse(tomllib.loads(RULES_PATH.read_text()))
-    unknown = compat._arch_problem(data, Version("12.4"), "image.cuda_arch", "9.9")
+    (rule,) = [r for r in compat.rules(STAGES) if r.id == "cuda-arch"]
+    archs = base_rules.archs()
+    unknown = base_rules._arch_problem(rule, archs, Version("12.4"), "image.cuda_arch", "9.9")
     assert unknown == [compat.Violation(
         "cuda-arch", "image.cuda_arch", "9.9 in image.cuda_arch is not a CUDA compute capability.",
-        data.rules["cuda-arch"].source, _fix("cuda-arch",
-                                             action=f"use one of {', '.join(data.cuda_arch)}"))]
-    newer = compat._arch_problem(data, Version("11.0"), "stages.pytorch.extra_cuda_arch", "8.6")
+        compat.citation(rule).source, _fix("cuda-arch",
+                                           action=f"use one of {', '.join(archs)}"))]
+    newer = base_rules._arch_problem(rule, archs, Version("11.0"),
+                                     "stages.pytorch.extra_cuda_arch", "8.6")
     assert [(v.key, v.fix) for v in newer] == [(
         "stages.pytorch.extra_cuda_arch",
         "remove 8.6 from stages.pytorch.extra_cuda_arch, or use CUDA 11.1 or newer")]
-    dropped = compat._arch_problem(data, Version("12.0"), "image.cuda_arch", "3.7")
+    dropped = base_rules._arch_problem(rule, archs, Version("12.0"), "image.cuda_arch", "3.7")
     assert [(v.key, v.fix) for v in dropped] == [(
         "image.cuda_arch", "remove 3.7 from image.cuda_arch, or use a CUDA older than 12.0")]
 
 
 def test_the_plugin_libfabric_violation_names_the_efa_version_and_the_fix(
         tmp_path: Path) -> None:
-    rules = tmp_path / "compat.toml"
-    rules.write_text(RULES_PATH.read_text().replace(
-        "[efa.libfabric]\n", '[efa.libfabric]\n"0.97" = "1.10.9"\n', 1))
+    registry = changed(tmp_path, "efa", "[efa.libfabric]\n", '[efa.libfabric]\n"0.97" = "1.10.9"\n')
     loaded = load(ROOT / "manifests/efa-nccl.toml",
                   ["stages.nccl.version=2.17.1", "stages.aws-ofi-nccl.configure_flags=[]",
                    "stages.aws-ofi-nccl.version=1.1.0", "stages.efa.version=0.97.0"],
                   registry=STAGES)
-    found = _only(compat.check(loaded, rules_path=rules), "plugin-libfabric")
+    found = _only(compat.check(loaded, registry=registry), "plugin-libfabric")
     assert found.key == "stages.efa.version"
     assert found.message.startswith("EFA installer 0.97.0 bundles libfabric 1.10.9, but ")
     assert found.fix == _fix("plugin-libfabric", minimum="1.11.0", installer="EFA 1.11.2",
@@ -137,10 +150,10 @@ def test_plugin_flags_are_named_without_their_values() -> None:
     loaded = load(ROOT / "manifests/efa-nccl.toml",
                   ["stages.aws-ofi-nccl.configure_flags=--with-cuda=/usr/local/cuda=x,-g"],
                   registry=STAGES)
-    assert compat._plugin_flags(loaded) == {"--with-cuda", "-g"}
+    assert aws_ofi_nccl_rules._plugin_flags(loaded) == {"--with-cuda", "-g"}
     without = dataclasses.replace(loaded, stages={k: v for k, v in loaded.stages.items()
                                                   if k != "aws-ofi-nccl"})
-    assert compat._plugin_flags(without) == set()
+    assert aws_ofi_nccl_rules._plugin_flags(without) == set()
 
 
 @pytest.mark.parametrize(("name", "overrides", "rule", "key", "fix"), [
@@ -169,19 +182,20 @@ def test_plugin_flags_are_named_without_their_values() -> None:
 def test_each_violation_names_the_key_to_change_and_the_fix(
         name: str, overrides: tuple[str, ...], rule: str, key: str, fix: str) -> None:
     found = _only(compat.check(load(ROOT / "manifests" / f"{name}.toml", overrides,
-                                    registry=STAGES)), rule)
+                                    registry=STAGES), registry=STAGES), rule)
     assert (found.key, found.fix) == (key, fix)
-    assert found.source == tomllib.loads(RULES_PATH.read_text())["rules"][rule]["source"]
+    assert found.source == cited(rule)["source"]
 
 
 def _violation(rule: str, key: str, message: str, **fix: str) -> compat.Violation:
-    """The whole finding a rule should report: its source and fix come from compat.toml."""
-    source = str(tomllib.loads(RULES_PATH.read_text())["rules"][rule]["source"])
+    """The whole finding a rule should report: its source and fix come from its data file."""
+    source = str(cited(rule)["source"])
     return compat.Violation(rule, key, message, source, _fix(rule, **fix))
 
 
 def _check(name: str, *overrides: str) -> list[compat.Violation]:
-    return compat.check(load(ROOT / "manifests" / f"{name}.toml", overrides, registry=STAGES))
+    return compat.check(load(ROOT / "manifests" / f"{name}.toml", overrides, registry=STAGES),
+                        registry=STAGES)
 
 
 def test_an_image_cuda_that_is_neither_the_base_nor_smddps_names_image_cuda_twice() -> None:
@@ -264,7 +278,7 @@ def test_a_url_that_is_no_wheel_or_another_versions_wheel_names_stages_smddp_url
 
 
 def test_the_installer_the_data_knows_is_reported_with_its_own_version() -> None:
-    assert compat.known_efa("1.36.0") == compat.EfaInstaller(
+    assert efa_rules.known_efa("1.36.0") == efa_rules.EfaInstaller(
         version="1.36.0", libfabric=Version("1.22"), bundles_plugin=False)
-    assert compat.known_efa("1.38.1") == compat.EfaInstaller(
+    assert efa_rules.known_efa("1.38.1") == efa_rules.EfaInstaller(
         version="1.38.1", libfabric=Version("1.22"), bundles_plugin=True)

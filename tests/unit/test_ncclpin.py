@@ -12,7 +12,7 @@ from pytest_httpserver import HTTPServer, RequestHandler
 
 from imageforge.download import RetryPolicy
 from imageforge.errors import CompatibilityError, SourceError
-from imageforge.ncclpin import PIN_DIR, SUBMODULE, NcclPin, parse_version_mk, pytorch_nccl_pin
+from stages.ncclpin import PIN_DIR, SUBMODULE, NcclPin, parse_version_mk, pytorch_nccl_pin
 
 FIXED_DATE = "2022-01-31T12:00:00+00:00"
 FAST = RetryPolicy(attempts=3, max_seconds=10, backoff_initial=0.01, backoff_max=0.02)

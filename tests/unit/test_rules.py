@@ -14,9 +14,10 @@ from imageforge import project, rules
 from imageforge.build import labels
 from imageforge.errors import CompatibilityError, LockError, ManifestError
 from imageforge.manifest import Manifest, load
-from imageforge.ncclpin import SUBMODULE, NcclPin
 from sample.serve import ServerHandle
 from stages import STAGES
+from stages.ncclpin import SUBMODULE, NcclPin
+from tests.rulesdata import pins_of
 from tests.unit.conftest import ROOT, sample_manifest
 
 MANIFESTS = ROOT / "manifests"
@@ -99,12 +100,12 @@ def test_a_waiver_accepts_its_rule_only_and_says_so() -> None:
     loaded = smddp(*TWO_VIOLATIONS, "waive.torchvision-pytorch=the seed pins it")
 
     with pytest.raises(CompatibilityError) as refused:
-        rules.enforce(loaded, None)
+        rules.enforce(loaded, None, registry=STAGES)
     assert "plugin-disable-tests" in str(refused.value)
     assert "[torchvision-pytorch]" not in str(refused.value)
 
     verdict = rules.enforce(smddp(TWO_VIOLATIONS[0], "waive.torchvision-pytorch=the seed pins it"),
-                            None)
+                            None, registry=STAGES)
     assert [a.violation.rule for a in verdict.accepted] == ["torchvision-pytorch"]
     assert verdict.lines()[0].startswith("waived [torchvision-pytorch] "
                                          "stages.torchvision.version: torchvision 0.9.1")
@@ -115,29 +116,31 @@ def test_differs_from_pytorch_is_the_old_spelling_of_the_nccl_waiver() -> None:
     loaded = smddp("stages.nccl.version=2.18.6", "waive.nccl-pytorch-pin=unused",
                    "stages.nccl.differs_from_pytorch=fixes a hang")
     # The [waive] table wins over the old key when both are given.
-    assert rules.waivers(loaded)["nccl-pytorch-pin"] == "unused"
+    assert rules.waivers(loaded, registry=STAGES)["nccl-pytorch-pin"] == "unused"
     old = load(MANIFESTS / "efa-nccl.toml", ["stages.nccl.differs_from_pytorch=fixes a hang"],
                registry=STAGES)
     assert "nccl-pytorch-pin" not in old.waivers
-    verdict = rules.enforce(old, pin())
+    verdict = rules.enforce(old, pins_of(pin()), registry=STAGES)
     assert [(a.violation.rule, a.reason) for a in verdict.accepted] == [
         ("nccl-pytorch-pin", "fixes a hang")]
 
 
 def test_nccl_pin_waiver_needs_the_pin_to_be_judged() -> None:
     loaded = smddp()  # NCCL 2.10.3, waived in the manifest
-    assert rules.enforce(loaded, None).unused == ()
-    assert rules.enforce(loaded, pin("2.10.3")).unused == ("nccl-pytorch-pin",)
-    assert rules.enforce(loaded, pin("2.11.4")).accepted[0].violation.rule == "nccl-pytorch-pin"
+    assert rules.enforce(loaded, None, registry=STAGES).unused == ()
+    assert rules.enforce(loaded, pins_of(pin("2.10.3")), registry=STAGES).unused == (
+        "nccl-pytorch-pin",)
+    accepted = rules.enforce(loaded, pins_of(pin("2.11.4")), registry=STAGES).accepted
+    assert accepted[0].violation.rule == "nccl-pytorch-pin"
     unwaived = load(MANIFESTS / "efa-nccl.toml", (), registry=STAGES)  # NCCL 2.7.8
     with pytest.raises(CompatibilityError, match="nccl-pytorch-pin"):
-        rules.enforce(unwaived, pin())
+        rules.enforce(unwaived, pins_of(pin()), registry=STAGES)
 
 
 def test_unknown_rule_id_and_missing_reason_are_manifest_errors() -> None:
     with pytest.raises(ManifestError, match=r"waive\.torchvision-pytorh: no compatibility rule "
                                             r"has that id; did you mean 'torchvision-pytorch'"):
-        rules.enforce(smddp("waive.torchvision-pytorh=x"), None)
+        rules.enforce(smddp("waive.torchvision-pytorh=x"), None, registry=STAGES)
     with pytest.raises(ManifestError, match="a waiver needs its reason"):
         smddp("waive.torchvision-pytorch=")
     with pytest.raises(ManifestError, match="is not a rule id"):
@@ -150,7 +153,7 @@ def test_waivers_leave_the_lock_current() -> None:
 
 def test_labels_carry_the_waivers_in_force() -> None:
     labels = rules.labels(smddp(TWO_VIOLATIONS[0], "waive.torchvision-pytorch=the seed pins it",
-                                "waive.smddp-cuda=left over"))
+                                "waive.smddp-cuda=left over"), registry=STAGES)
     assert labels["io.imageforge.waiver.torchvision-pytorch"] == "the seed pins it"
     assert labels["io.imageforge.waiver.nccl-pytorch-pin"].startswith("seed 002 replaces")
     assert "io.imageforge.waiver.smddp-cuda" not in labels  # it accepts nothing
@@ -207,7 +210,7 @@ LIMITS: list[tuple[str, tuple[str, ...], str | None]] = [
 def test_rules_at_their_exact_limit(name: str, overrides: tuple[str, ...],
                                     rule: str | None) -> None:
     loaded = load(MANIFESTS / f"{name}.toml", overrides, registry=STAGES)
-    refused, _ = rules.evaluate(loaded, None)
+    refused, _ = rules.evaluate(loaded, None, registry=STAGES)
     assert [v.rule for v in refused] == ([rule] if rule else [])
 
 

@@ -13,10 +13,10 @@ import pytest
 from imageforge import cabundle, extends, localtree, lock, project
 from imageforge.errors import ManifestError, UsageError
 from imageforge.execute import Run, bake_file
+from imageforge.front import code_overrides
 from imageforge.manifest import load
 from imageforge.plan import Plan, make_plan
 from stages import STAGES
-from tasks import code_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 SMDDP = ROOT / "manifests" / "smddp.toml"
@@ -130,12 +130,12 @@ def test_the_code_table_never_makes_the_lock_stale(code: Path) -> None:
 
 
 def test_code_flags_go_together_and_make_code_the_target(code: Path) -> None:
-    assert code_overrides(None, None, "smddp") == ([], "smddp")
-    overrides, target = code_overrides(str(code), "train.py", "smddp")
+    assert code_overrides(None, None, "smddp", STAGES) == ([], "smddp")
+    overrides, target = code_overrides(str(code), "train.py", "smddp", STAGES)
     assert target == "code"
     assert overrides == list(with_code(code.resolve()))
     with pytest.raises(UsageError, match="--code and --program go together"):
-        code_overrides(str(code), None, "smddp")
+        code_overrides(str(code), None, "smddp", STAGES)
 
 
 # ---------------------------------------------------------------- extends
