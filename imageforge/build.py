@@ -246,7 +246,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     for name in building:
         for context, (path, digest) in planned.stage(name).local_dirs.items():
             contexts[context] = str(localtree.snapshot(Path(path), digest,
-                                                     settings.cache_dir / "sources" / "code"))
+                                                     settings.cache_dir / "sources" / "local"))
     scratch = store.scratch()
     try:
         run = make_run(planned, planned.registry, building, contexts)

@@ -238,16 +238,18 @@ def _test(settings: project.Settings, image: str) -> str:
     from imageforge.checkreport import publish, summary
     from imageforge.checks import require_passed, run_image_tests
 
-    checks = run_image_tests(project.plan(settings, image_target(image)), image)
+    checks = run_image_tests(project.plan(settings, image_target(settings, image)), image)
     publish(settings.cache_dir, checks)
     require_passed(checks)
     return summary(checks)
 
 
-def image_target(image: str) -> str:
+def image_target(settings: project.Settings, image: str) -> str:
+    """The target `image` was built for: its label (every image imageforge builds has it),
+    else the image the manifest defines."""
     from imageforge.docker import image_labels
 
-    return image_labels(image).get("io.imageforge.target") or "smddp"
+    return image_labels(image).get("io.imageforge.target") or project.default_target(settings)
 
 
 def _local_digest(ref: str) -> str:
