@@ -454,12 +454,12 @@ def apply(manifest: Manifest, lock: Lock | None, registry: Mapping[str, Stage]) 
 
 
 def check(manifest: Manifest, lock: Lock | None, path: Path, *,
-          registry: Mapping[str, Stage]) -> None:
+          registry: Mapping[str, Stage], settled: Settled | None = None) -> None:
     """Refuse a missing lock, or one with stale entries, naming each (what `lock --check`
-    and `build --locked` do)."""
+    and `build --locked` do). `settled`: the lock already applied to the manifest."""
     if lock is None:
         raise LockError(f"{path}: no lock file for {manifest.path}; run `invoke lock`.")
-    settled = settle(manifest, lock, registry)
+    settled = settled or settle(manifest, lock, registry)
     if settled.stale or settled.unused:
         raise LockError(f"{path} is stale for {manifest.path} (with its --set overrides): "
                         f"{describe(settled)}; run `invoke lock` with the same overrides.")

@@ -1,9 +1,12 @@
-"""The engine's entry points used by tasks.py: load a manifest, plan, render."""
+"""The engine's entry points for the front end: settle a manifest's pins, plan, render.
+
+A command's `Settings` opens its manifest and lock once (`opened`, a ManifestLock): every
+function here asks that object instead of reading the files again."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +20,7 @@ from imageforge.artifacts import ArtifactStore
 from imageforge.errors import ManifestError, UsageError
 from imageforge.execute import is_external
 from imageforge.manifest import Manifest
+from imageforge.manifestlock import ManifestLock, open_manifest
 from imageforge.plan import Plan, Status, defined_targets, make_plan
 from imageforge.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.render import render_dockerfile
@@ -45,6 +49,16 @@ class Settings:
     # A mirror made by `mirror.sync` (directory or URL): the only place sources come from.
     mirror: str | None = None
 
+    @functools.cached_property
+    def opened(self) -> ManifestLock:
+        """The manifest and its lock, read and checked once for this command (until
+        `write_lock` replaces the lock)."""
+        return open_manifest(self.manifest, self.overrides, self.registry)
+
+
+def _reopen(settings: Settings) -> None:
+    settings.__dict__.pop("opened", None)
+
 
 def load_manifest(settings: Settings, *, resolve: bool = False) -> Manifest:
     """The manifest with --set overrides, its lock applied entry by entry, and the digest of
@@ -65,14 +79,13 @@ def prepare(manifest: Manifest, registry: Mapping[str, Stage]) -> Manifest:
 
 def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
     """The lock applied to the effective manifest, after every compatibility rule passed."""
-    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
-    path = lock.lock_path(settings.manifest)
-    current = lock.read(path)
+    opened = settings.opened
+    loaded, path, current = opened.manifest, opened.path, opened.lock
     local = local_ids(settings, "record" if resolve else "read")
     settled = lock.settle(loaded, current, settings.registry, local_id=local)
     rule_verdict(settled.manifest, settled.pins(), settings.registry)
     if settings.locked:
-        lock.check(loaded, current, path, registry=settings.registry)
+        opened.check()
     elif resolve and settled.unresolved:
         # Only now, after the rules passed: resolving may download.
         pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
@@ -111,18 +124,13 @@ def rule_verdict(manifest: Manifest, pins: rules.Pins,
 
 def waived(settings: Settings, manifest: Manifest) -> rules.Verdict:
     """What the waivers of `manifest` (as planned) accept, for `invoke plan`."""
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
-    current = lock.read(lock.lock_path(settings.manifest))
-    return rule_verdict(manifest, lock.settle(raw, current, settings.registry).pins(),
-                        settings.registry)
+    return rule_verdict(manifest, settings.opened.settled.pins(), settings.registry)
 
 
 def default_target(settings: Settings) -> str:
     """The image the manifest defines: what commands build without --target."""
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
     # Quietly: the command's own planning reports the lock and the rules.
-    loaded = lock.settle(raw, lock.read(lock.lock_path(settings.manifest)),
-                          settings.registry).manifest
+    loaded = settings.opened.settled.manifest
     images = defined_targets(loaded, registry_for(settings, loaded))
     if len(images) == 1:
         return images[0]
@@ -216,28 +224,22 @@ def write_lock(settings: Settings, *, upgrade: bool,
     # An unchanged lock is left untouched, byte for byte (a committed one stays clean).
     if not path.exists() or path.read_text() != lock.text(new, loaded):
         lock.write(path, new, loaded)
+        _reopen(settings)
     return path, changes
 
 
 def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
     """The lock when every entry the effective manifest needs is current, and the sha256 of
     its file."""
-    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
-    path = lock.lock_path(settings.manifest)
-    found = lock.read(path)
-    if found is None:
+    opened = settings.opened
+    if not opened.current or opened.lock is None or opened.digest is None:
         return None
-    settled = lock.settle(loaded, found, settings.registry)
-    if settled.stale or settled.unused:
-        return None
-    return found, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    return opened.lock, opened.digest
 
 
 def check_lock(settings: Settings) -> Path:
-    loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
-    path = lock.lock_path(settings.manifest)
-    lock.check(loaded, lock.read(path), path, registry=settings.registry)
-    return path
+    settings.opened.check()
+    return settings.opened.path
 
 
 def mirror_sync(settings: Settings, to: Path) -> Path:
@@ -246,11 +248,8 @@ def mirror_sync(settings: Settings, to: Path) -> Path:
     if settings.mirror:
         raise ManifestError(f"--mirror {settings.mirror}: mirror.sync copies from upstream; "
                             "run it without --mirror.")
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
-    path = lock.lock_path(settings.manifest)
-    current = lock.read(path)
-    lock.check(raw, current, path, registry=settings.registry)
-    applied = lock.settle(raw, current, settings.registry).manifest
+    settings.opened.check()
+    applied = settings.opened.settled.manifest
     return mirror_mod.sync(applied, registry_for(settings, applied), source_cache(settings), to)
 
 
@@ -262,16 +261,15 @@ def fetch(settings: Settings, target: str) -> dict[str, Path]:
 def check(settings: Settings) -> list[str]:
     """Validate the manifest, its lock and the compatibility rules, and plan every image it
     defines; returns report lines. Every rule violation is reported at once."""
-    raw = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
-    path = lock.lock_path(settings.manifest)
-    current = lock.read(path)
+    opened = settings.opened
+    raw, path, current = opened.manifest, opened.path, opened.lock
     if settings.locked:
-        lock.check(raw, current, path, registry=settings.registry)
+        opened.check()
     settled = lock.settle(raw, current, settings.registry,
                           local_id=local_ids(settings, "read"))
     pins = settled.pins()
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
-    judged = manifest_mod.with_versions(raw, settled.lock().versions(), registry=settings.registry)
+    judged = opened.judged()
     verdict = rules.enforce(judged, pins, registry=settings.registry)
     lines = [f"note: {note}" for note in compat.notes(judged, registry=settings.registry)]
     lines += verdict.lines()
