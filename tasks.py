@@ -20,7 +20,8 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from imageforge import diskfull, front
+from imageforge import front
+from imageforge.cache import diskfull
 from imageforge.errors import FatalError, UsageError
 from stages import STAGES, discover
 

@@ -11,9 +11,9 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from imageforge.dockerfile import env_line
-from imageforge.plan import Plan
-from imageforge.stage import EXPORT_ROOT, Stage
+from imageforge.model.stage import EXPORT_ROOT, Stage
+from imageforge.planning.dockerfile import env_line
+from imageforge.planning.plan import Plan
 from stages.smddp import openssh_steps
 
 # (section, stage whose recipe it runs), in seed 002's order: EFA, Conda, NCCL, PyTorch, the

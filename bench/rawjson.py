@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from imageforge.progress import read_statuses
+from imageforge.buildkit.progress import read_statuses
 
 # "[stage-0  3/11] RUN ...", "[ 3/11] RUN ...", "[nccl 2/3] COPY ...": BuildKit pads the step
 # number to the width of the total.

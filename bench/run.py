@@ -49,12 +49,13 @@ from bench.report import (
     targets_table,
     update_readme,
 )
-from imageforge import cabundle, project
-from imageforge.dag import closure
-from imageforge.dockerfile import CA_BUNDLE_SECRET
 from imageforge.errors import FatalError
-from imageforge.plan import Plan
-from imageforge.stage import filename_of
+from imageforge.model.stage import filename_of
+from imageforge.planning import project
+from imageforge.planning.dag import closure
+from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
+from imageforge.planning.plan import Plan
+from imageforge.sources import cabundle
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,18 +24,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from imageforge import diskfull, project
+from imageforge.cache import diskfull
 from imageforge.errors import UsageError
-from imageforge.mirror import parse_rewrites
-from imageforge.plan import Plan
-from imageforge.stage import Stage
+from imageforge.model.stage import Stage
+from imageforge.planning import project
+from imageforge.planning.plan import Plan
+from imageforge.sources.mirror import parse_rewrites
 
 if TYPE_CHECKING:
-    from imageforge.cigen import Format
-    from imageforge.matrix import Entry, Planned
-    from imageforge.nightly import NightlyOptions
-    from imageforge.progress import Mode
-    from imageforge.rules import Verdict
+    from imageforge.buildkit.progress import Mode
+    from imageforge.image.cigen import Format
+    from imageforge.image.nightly import NightlyOptions
+    from imageforge.model.matrix import Entry, Planned
+    from imageforge.planning.rules import Verdict
 
 # The stage registry of some directories of team stage modules (tasks.py: stages.discover).
 Discover = Callable[[Sequence[Path]], Mapping[str, Stage]]
@@ -161,7 +162,7 @@ def progress_mode(value: str) -> Mode:
 
 
 def ci_format(value: str) -> Format:
-    from imageforge import cigen
+    from imageforge.image import cigen
 
     for fmt in cigen.FORMATS:
         if value == fmt:
@@ -235,7 +236,7 @@ def check(config: Config, flags: Flags) -> list[str]:
 
 
 def show(config: Config, flags: Flags) -> str:
-    from imageforge.manifest import show as show_manifest
+    from imageforge.model.manifest import show as show_manifest
 
     s = settings(config, flags)
     return show_manifest(s.manifest, s.overrides, registry=s.registry)
@@ -273,7 +274,7 @@ class PlanView:
 def plan(config: Config, flags: Flags, target: str | None, graph: str | None) -> PlanView:
     """The plan with each stage's status (the remote cache asked when one is set); `graph`:
     also write the DAG there."""
-    from imageforge import remote as remote_mod
+    from imageforge.cache import remote as remote_mod
 
     s = settings(config, flags)
     target = _target(s, target)
@@ -281,7 +282,7 @@ def plan(config: Config, flags: Flags, target: str | None, graph: str | None) ->
         planned = project.plan(s, target, remote=registry)
     verdict = project.waived(s, planned.manifest)
     if graph:
-        from imageforge.graph import write_graph
+        from imageforge.planning.graph import write_graph
 
         write_graph(planned, Path(graph))
     return PlanView(plan=planned, manifest=project.manifest_label(s.manifest), verdict=verdict)
@@ -319,7 +320,7 @@ def fetch(config: Config, flags: Flags, target: str | None) -> list[str]:
 
 
 def explain(config: Config, flags: Flags, target: str | None) -> str:
-    from imageforge.cachecmd import explain as explain_plan
+    from imageforge.cache.cachecmd import explain as explain_plan
 
     s = settings(config, flags)
     return explain_plan(s, _target(s, target))
@@ -333,7 +334,7 @@ def mirror_sync(config: Config, flags: Flags, to: str | None) -> str:
 
 def docs(registry: Mapping[str, Stage]) -> list[str]:
     """Regenerate the manifest reference of README.md and docs/manifest.md."""
-    from imageforge.reference import update_page, update_readme
+    from imageforge.model.reference import update_page, update_readme
 
     changed = update_readme(Path("README.md"), registry)
     lines = ["README.md: manifest reference " + ("updated" if changed else "already current")]
@@ -357,14 +358,14 @@ def goldens(files: Sequence[tuple[str, str, str]],
 # ---- the artifact cache ----------------------------------------------------------------------
 
 def cache_ls(config: Config, *, as_json: bool) -> str:
-    from imageforge.cachecmd import list_entries
+    from imageforge.cache.cachecmd import list_entries
 
     return list_entries(settings(config), as_json=as_json)
 
 
 def cache_prune(config: Config, *, max_size: str | None, older_than: str | None,
                 keep_last: str) -> str:
-    from imageforge.cachecmd import prune
+    from imageforge.cache.cachecmd import prune
 
     s = settings(config)
     return prune(s, max_size=max_size, older_than=older_than,
@@ -372,13 +373,13 @@ def cache_prune(config: Config, *, max_size: str | None, older_than: str | None,
 
 
 def cache_push(config: Config, flags: Flags, target: str | None) -> str:
-    from imageforge.cachecmd import push
+    from imageforge.cache.cachecmd import push
 
     return push(settings(config, flags), target)
 
 
 def cache_pull(config: Config, flags: Flags, target: str | None) -> str:
-    from imageforge.cachecmd import pull
+    from imageforge.cache.cachecmd import pull
 
     s = settings(config, flags)
     return pull(s, _target(s, target))
@@ -406,8 +407,9 @@ class BuildRequest:
 def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     """Build a target, then (an image, --test) run its checks: the lines to print, each when
     it is known. A failed check raises ImageCheckError after the image is tagged."""
-    from imageforge import build as build_mod
-    from imageforge import cabundle, export
+    from imageforge.buildkit import build as build_mod
+    from imageforge.buildkit import export
+    from imageforge.sources import cabundle
 
     progress = progress_mode(request.progress)
     code_flags(flags.code, flags.program)
@@ -464,7 +466,7 @@ class CheckRequest:
 def test_image(config: Config, flags: Flags, request: CheckRequest) -> Iterator[str]:
     """Run an image target's checks in a built image; the lines to print. ImageCheckError
     (exit 10) names every failed check."""
-    from imageforge.build import default_tag
+    from imageforge.buildkit.build import default_tag
 
     s = settings(config, flags)
     if request.target is not None and not project.is_image(s, request.target):
@@ -487,8 +489,8 @@ def check_image(s: project.Settings, planned: Plan, image: str, *, hardware: boo
                 ) -> Iterator[str]:
     """test-image's output, shared with build and matrix.build: the table, the report files,
     the record of a passing digest, and exit 10 naming every failed check."""
-    from imageforge.checkreport import publish, table
-    from imageforge.checks import require_passed, run_image_tests
+    from imageforge.image.checkreport import publish, table
+    from imageforge.image.checks import require_passed, run_image_tests
 
     run = run_image_tests(planned, image, hardware=hardware)
     yield table(run)
@@ -517,7 +519,7 @@ class NightlyRequest:
 def nightly_options(config: Config, request: NightlyRequest) -> NightlyOptions:
     """The repository and webhook: a flag, else imageforge.repository / imageforge.webhook,
     else (the webhook) $IMAGEFORGE_WEBHOOK_URL."""
-    from imageforge.nightly import NightlyOptions
+    from imageforge.image.nightly import NightlyOptions
 
     return NightlyOptions(
         target=request.target, push=request.push,
@@ -530,7 +532,7 @@ def nightly_options(config: Config, request: NightlyRequest) -> NightlyOptions:
 
 def nightly(config: Config, flags: Flags, request: NightlyRequest) -> Iterator[str]:
     """One nightly (or a matrix file's, `request.matrix`); the lines to print."""
-    from imageforge.nightly import markdown, run
+    from imageforge.image.nightly import markdown, run
 
     summary_file = config.environ.get("GITHUB_STEP_SUMMARY")
     options = nightly_options(config, request)
@@ -550,8 +552,8 @@ def nightly(config: Config, flags: Flags, request: NightlyRequest) -> Iterator[s
 
 def _matrix_nightly(config: Config, file: str, options: NightlyOptions,
                     remote: str | None) -> Iterator[str]:
-    from imageforge import matrix as matrix_mod
-    from imageforge.nightly import MatrixImage, matrix_markdown, run_matrix
+    from imageforge.image.nightly import MatrixImage, matrix_markdown, run_matrix
+    from imageforge.model import matrix as matrix_mod
 
     images = [MatrixImage(settings=_entry_settings(config, e, remote=remote),
                           target=e.target, tag=e.tag, label=e.label)
@@ -568,8 +570,8 @@ def _matrix_nightly(config: Config, file: str, options: NightlyOptions,
 
 
 def promote(config: Config, image: str | None, tag: str) -> str:
-    from imageforge import golden
-    from imageforge import remote as remote_mod
+    from imageforge.cache import remote as remote_mod
+    from imageforge.image import golden
 
     if not image:
         raise UsageError("promote needs --image REPOSITORY@sha256:<digest>: the tested image "
@@ -596,7 +598,7 @@ def _matrix_file(file: str | None, command: str) -> Path:
 
 def matrix_plans(config: Config, entries: Sequence[Entry]) -> list[Planned]:
     """Each matrix image planned: its target and every stage's key and status."""
-    from imageforge.matrix import Planned
+    from imageforge.model.matrix import Planned
 
     plans = []
     for entry in entries:
@@ -630,7 +632,7 @@ class MatrixView:
 
 
 def matrix_plan(config: Config, file: str | None) -> MatrixView:
-    from imageforge import matrix as matrix_mod
+    from imageforge.model import matrix as matrix_mod
 
     entries = matrix_mod.load(_matrix_file(file, "matrix.plan"))
     return MatrixView(summary=matrix_mod.summary(matrix_plans(config, entries)))
@@ -640,8 +642,8 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
                  report: str | None) -> Iterator[str]:
     """Build every image of a matrix (a key several share is built once), each followed by
     its checks; the matrix report goes to the cache's reports/ and to `report`."""
-    from imageforge import build as build_mod
-    from imageforge import matrix as matrix_mod
+    from imageforge.buildkit import build as build_mod
+    from imageforge.model import matrix as matrix_mod
 
     path = _matrix_file(file, "matrix.build")
     mode = progress_mode(progress)
@@ -684,9 +686,9 @@ def ci_generate(config: Config, flags: Flags, *, fmt: str, file: str | None,
                 target: str | None, out: str | None, as_json: bool) -> Output:
     """A CI pipeline with one job per stage key the registry cache lacks, for one image
     (flags' manifest and --set, `target`) or every image of the matrix `file`."""
-    from imageforge import cigen
-    from imageforge import matrix as matrix_mod
-    from imageforge import remote as remote_mod
+    from imageforge.cache import remote as remote_mod
+    from imageforge.image import cigen
+    from imageforge.model import matrix as matrix_mod
 
     chosen = ci_format(fmt)
     repository = pick(flags.remote, config, "remote")

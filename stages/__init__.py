@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from imageforge.errors import UsageError
-from imageforge.stage import Stage
+from imageforge.model.stage import Stage
 from stages import (
     aws_ofi_nccl,
     base,

@@ -39,10 +39,8 @@ from collections.abc import Mapping, Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from imageforge import smoke
-from imageforge.dockerfile import apt_install, bind, run, sh
-from imageforge.sources import Source
-from imageforge.stage import (
+from imageforge.image import smoke
+from imageforge.model.stage import (
     EXPORT_ROOT,
     Check,
     Context,
@@ -52,6 +50,8 @@ from imageforge.stage import (
     git_source,
     url_source,
 )
+from imageforge.planning.dockerfile import apt_install, bind, run, sh
+from imageforge.sources.sources import Source
 from stages.aws_ofi_nccl_rules import RULES
 
 SOURCE_DIR = "/tmp/aws-ofi-nccl"

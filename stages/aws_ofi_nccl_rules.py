@@ -13,7 +13,8 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.compat import (
+from imageforge.model.manifest import Manifest
+from imageforge.planning.compat import (
     Floor,
     Note,
     Registry,
@@ -24,7 +25,6 @@ from imageforge.compat import (
     read,
     stage_version,
 )
-from imageforge.manifest import Manifest
 from stages.efa_rules import image_libfabric, installer_with, installers_in
 
 DATA = Path(__file__).with_name("aws_ofi_nccl_rules.toml")

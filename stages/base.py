@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from imageforge import smoke
-from imageforge.dockerfile import apt_install, sh
-from imageforge.stage import Check, Context, Field, Stage
+from imageforge.image import smoke
+from imageforge.model.stage import Check, Context, Field, Stage
+from imageforge.planning.dockerfile import apt_install, sh
 from stages.base_rules import RULES
 
 

@@ -10,8 +10,17 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.compat import CUDA_BASE, Registry, Rule, Violation, image_cuda, minor, numeric, read
-from imageforge.manifest import Manifest
+from imageforge.model.manifest import Manifest
+from imageforge.planning.compat import (
+    CUDA_BASE,
+    Registry,
+    Rule,
+    Violation,
+    image_cuda,
+    minor,
+    numeric,
+    read,
+)
 
 DATA = Path(__file__).with_name("base_rules.toml")
 

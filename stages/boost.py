@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from imageforge import smoke
-from imageforge.dockerfile import bind, run, sh
-from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, url_fields, url_source
+from imageforge.image import smoke
+from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, url_fields, url_source
+from imageforge.planning.dockerfile import bind, run, sh
+from imageforge.sources.sources import Source
 
 
 def sources(ctx: Context) -> Sequence[Source]:

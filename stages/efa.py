@@ -25,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from imageforge import smoke
-from imageforge.dockerfile import bind, run, sh
-from imageforge.signature import DEFAULT_KEY_URL, Signature
-from imageforge.sources import Source
-from imageforge.stage import Check, Context, Field, Stage, url_fields, url_source
+from imageforge.image import smoke
+from imageforge.model.stage import Check, Context, Field, Stage, url_fields, url_source
+from imageforge.planning.dockerfile import bind, run, sh
+from imageforge.sources.signature import DEFAULT_KEY_URL, Signature
+from imageforge.sources.sources import Source
 from stages.efa_rules import RULES, known_efa
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.compat import (
+from imageforge.model.manifest import Manifest
+from imageforge.planning.compat import (
     Floor,
     Registry,
     Rule,
@@ -25,7 +26,6 @@ from imageforge.compat import (
     read,
     stage_version,
 )
-from imageforge.manifest import Manifest
 
 DATA = Path(__file__).with_name("efa_rules.toml")
 PLUGIN = "aws-ofi-nccl"

@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from imageforge import smoke
-from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
-from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.image import smoke
+from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
+from imageforge.sources.sources import Source
 from stages.nccl_pytorch_pin import PIN as PYTORCH_PIN
 from stages.nccl_rules import RULES
 

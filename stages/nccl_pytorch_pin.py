@@ -13,13 +13,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from imageforge.compat import image_cuda
-from imageforge.download import redact
-from imageforge.lockpin import LockPin, Pin, Upstream
-from imageforge.manifest import Manifest
-from imageforge.plan import stage_inputs
-from imageforge.sources import GitSource
-from imageforge.stage import Context, Stage
+from imageforge.model.lockpin import LockPin, Pin, Upstream
+from imageforge.model.manifest import Manifest
+from imageforge.model.stage import Context, Stage
+from imageforge.planning.compat import image_cuda
+from imageforge.planning.plan import stage_inputs
+from imageforge.sources.download import redact
+from imageforge.sources.sources import GitSource
 from stages.ncclpin import pytorch_nccl_pin
 
 ENTRY = "nccl_pytorch_pin"

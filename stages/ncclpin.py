@@ -32,9 +32,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from imageforge import gitsource
-from imageforge.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy, redact
 from imageforge.errors import CompatibilityError, SourceError
+from imageforge.sources import gitsource
+from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy, redact
 
 SUBMODULE = "third_party/nccl/nccl"
 PIN_DIR = ".ci/docker/ci_commit_pins"

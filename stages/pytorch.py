@@ -36,10 +36,10 @@ from collections.abc import Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from imageforge import piplock
-from imageforge.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
-from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
+from imageforge.sources import piplock
+from imageforge.sources.sources import Source
 
 PYTHON = "/opt/conda/bin/python"
 PREFIX = "/opt/conda"

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge import piplock
-from imageforge.dockerfile import sh
-from imageforge.stage import EXPORT_ROOT, POLICY, Check, Context, Field, Stage
+from imageforge.model.stage import EXPORT_ROOT, POLICY, Check, Context, Field, Stage
+from imageforge.planning.dockerfile import sh
+from imageforge.sources import piplock
 
 PREFIX = "/opt/conda"
 

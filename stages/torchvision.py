@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from imageforge import smoke
-from imageforge.dockerfile import apt_install, bind, run, sh
-from imageforge.sources import Source
-from imageforge.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.image import smoke
+from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.planning.dockerfile import apt_install, bind, run, sh
+from imageforge.sources.sources import Source
 from stages.torchvision_rules import RULES
 
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge.compat import Registry, Rule, Violation, minor, read, stage_version
-from imageforge.manifest import Manifest
+from imageforge.model.manifest import Manifest
+from imageforge.planning.compat import Registry, Rule, Violation, minor, read, stage_version
 
 DATA = Path(__file__).with_name("torchvision_rules.toml")
 

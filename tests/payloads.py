@@ -1,5 +1,5 @@
 """Bodies for served test files. Sources named like tarballs are scanned before they are
-kept (imageforge/tarcheck.py), so they must really be tarballs."""
+kept (imageforge/sources/tarcheck.py), so they must really be tarballs."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.stage import Context
+from imageforge.model.stage import Context
 from realparts.__main__ import default_cache
 from realparts.debs import DEFAULT_MIRROR
 from realparts.efa_installer import Generated, generate, tarball_name

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.artifacts import ArtifactStore, Entry
+from imageforge.cache.artifacts import ArtifactStore, Entry
+from imageforge.cache.keylock import locked
 from imageforge.errors import CacheError
-from imageforge.keylock import locked
 from tests.cache_consistency import assert_cache_consistent, sha256_of
 from tests.oci_layout import key_of, oci_layout
 
@@ -223,7 +223,7 @@ def test_shared_key_locks_coexist_and_exclude_a_writer(tmp_path: Path) -> None:
 PRUNE = """
 import sys
 from pathlib import Path
-from imageforge.artifacts import ArtifactStore
+from imageforge.cache.artifacts import ArtifactStore
 removed = ArtifactStore(Path(sys.argv[1])).prune(older_than=0)
 print("removed", *sorted(e.inputs["name"] for e in removed), flush=True)
 """

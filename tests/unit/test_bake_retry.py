@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import build
-from imageforge.bakefail import contended
+from imageforge.buildkit import build
+from imageforge.buildkit.bakefail import contended
+from imageforge.buildkit.progress import BuildProgress
 from imageforge.errors import BuildError
-from imageforge.progress import BuildProgress
 
 LOCKED = ("ERROR: (*service).Write failed: rpc error: code = Unavailable desc = ref "
           "layer-sha256:8ebf9b9c1a01bc6c0a0b9a16ff1c2cf61a050ab14971d4ab2cac9ed265f4ff0d locked "

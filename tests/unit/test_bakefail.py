@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from imageforge.bakefail import cause
+from imageforge.buildkit.bakefail import cause
 
 TOKEN = "Zm9vYmFyLXVwbG9hZC10b2tlbi0xMjM0NTY3ODkw"
 UPLOAD = (f"https://registry.example:5000/v2/x/blobs/uploads/0c6a9e1c-5d3e-4b8f?_state={TOKEN}"

@@ -41,9 +41,9 @@ from bench.synthetic import (
     synthetic_manifest,
     synthetic_registry,
 )
-from imageforge import project
-from imageforge.dag import closure
-from imageforge.plan import Plan
+from imageforge.planning import project
+from imageforge.planning.dag import closure
+from imageforge.planning.plan import Plan
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

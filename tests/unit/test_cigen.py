@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imageforge import cigen, project
-from imageforge.build import BuildOptions, build
+from imageforge.buildkit.build import BuildOptions, build
 from imageforge.errors import LockError
-from imageforge.execute import is_external
-from imageforge.plan import Plan
+from imageforge.image import cigen
+from imageforge.planning import project
+from imageforge.planning.execute import is_external
+from imageforge.planning.plan import Plan
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

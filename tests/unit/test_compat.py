@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
-from imageforge.compat import (
+from imageforge.errors import ManifestError
+from imageforge.model.manifest import Manifest, load
+from imageforge.planning.compat import (
     check,
     format_violations,
     notes,
     rule_ids,
 )
-from imageforge.errors import ManifestError
-from imageforge.manifest import Manifest, load
 from stages import STAGES
 from stages.efa_rules import known_efa
 from stages.ncclpin import SUBMODULE, NcclPin
@@ -216,7 +216,7 @@ def test_nccl_matching_pytorch_pin_passes() -> None:
 
 
 def test_nccl_differing_from_pytorch_pin_is_a_violation_whatever_the_manifest_says() -> None:
-    # Accepting it is the waiver's business (imageforge/rules.py), not the rule's.
+    # Accepting it is the waiver's business (imageforge/planning/rules.py), not the rule's.
     loaded = with_stage_values(manifest("smddp", "stages.nccl.version=2.18.6"), "nccl",
                                differs_from_pytorch="a reason")
 

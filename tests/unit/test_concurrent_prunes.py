@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from imageforge.artifacts import ArtifactStore
+from imageforge.cache.artifacts import ArtifactStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = os.urandom(4096)  # a base layer every entry has

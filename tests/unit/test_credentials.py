@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import remote
+from imageforge.cache import remote
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "registry.example:5000"
@@ -81,7 +81,7 @@ def test_without_credentials_no_config_is_written(temp_root: Path) -> None:
 
 HOLD = """
 import sys
-from imageforge import remote
+from imageforge.cache import remote
 environ = {"IMAGEFORGE_REGISTRY_USER": sys.argv[1], "IMAGEFORGE_REGISTRY_PASSWORD": sys.argv[2]}
 with remote.credentials("registry.example:5000", environ) as env:
     print(env["DOCKER_CONFIG"], flush=True)

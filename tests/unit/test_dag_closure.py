@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imageforge.dag import closure, direct_deps
 from imageforge.errors import ManifestError
-from imageforge.stage import Stage
+from imageforge.model.stage import Stage
+from imageforge.planning.dag import closure, direct_deps
 
 
 def stage(name: str, deps: tuple[str, ...], parent: str | None = None) -> Stage:

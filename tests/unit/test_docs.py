@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.manifest import load
-from imageforge.plan import make_plan
-from imageforge.reference import page
-from imageforge.sources import GitSource
+from imageforge.model.manifest import load
+from imageforge.model.reference import page
+from imageforge.planning.plan import make_plan
+from imageforge.sources.sources import GitSource
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imageforge.download import RetryPolicy, download, redact
 from imageforge.errors import ChecksumError, Interrupted, SourceError
+from imageforge.sources.download import RetryPolicy, download, redact
 from tests.servers import ScriptedServer
 
 BODY = os.urandom(300_000)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import export, project
+from imageforge.buildkit import export
 from imageforge.errors import UsageError
+from imageforge.planning import project
 from stages import STAGES
 
 # Manifests name their files relative to the repository root.

@@ -15,9 +15,10 @@ from invoke.config import Config
 from invoke.context import Context
 
 import tasks
-from imageforge import front, project
+from imageforge import front
 from imageforge.errors import ManifestError, UsageError
-from imageforge.mirror import Rewrite
+from imageforge.planning import project
+from imageforge.sources.mirror import Rewrite
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

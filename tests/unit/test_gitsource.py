@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import gitsource
 from imageforge.errors import LockError, SourceError
-from imageforge.gitsource import checkout, file_at, gitlink_at, list_tags, resolve_ref
+from imageforge.sources import gitsource
+from imageforge.sources.gitsource import checkout, file_at, gitlink_at, list_tags, resolve_ref
 
 FIXED_DATE = "2022-01-31T12:00:00+00:00"
 

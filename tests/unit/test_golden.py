@@ -11,10 +11,11 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from imageforge import golden, project
 from imageforge.errors import FatalError, ImageCheckError
-from imageforge.nightly import Nightly, Step, junit, markdown, notify
-from imageforge.plan import Plan
+from imageforge.image import golden
+from imageforge.image.nightly import Nightly, Step, junit, markdown, notify
+from imageforge.planning import project
+from imageforge.planning.plan import Plan
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from imageforge.errors import FatalError, ManifestError
-from imageforge.manifest import IMAGE_FIELDS, WAIVER_FIELD, Manifest, load
-from imageforge.plan import make_plan
-from imageforge.project import dockerfile
+from imageforge.model.manifest import IMAGE_FIELDS, WAIVER_FIELD, Manifest, load
+from imageforge.planning.plan import make_plan
+from imageforge.planning.project import dockerfile
 from stages import STAGES
 from tests.dockerfile_shape import ParseError, parse
 

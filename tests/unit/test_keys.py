@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from imageforge import project
-from imageforge.dag import closure
-from imageforge.manifest import IMAGE_FIELDS, load
-from imageforge.plan import make_plan
-from imageforge.stage import Field
+from imageforge.model.manifest import IMAGE_FIELDS, load
+from imageforge.model.stage import Field
+from imageforge.planning import project
+from imageforge.planning.dag import closure
+from imageforge.planning.plan import make_plan
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_keys_are_identical_from_another_directory_and_process(tmp_path: Path) -
     copy.parent.mkdir()
     shutil.copy(SMDDP, copy)
     script = (
-        "import json, sys; from pathlib import Path; from imageforge import project; "
+        "import json, sys; from pathlib import Path; from imageforge.planning import project; "
         "from stages import STAGES; "
         "p = project.plan(project.Settings(registry=STAGES, manifest=Path(sys.argv[1])), "
         "'smddp'); "

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import lock
 from imageforge.errors import LockError
-from imageforge.manifest import load
-from imageforge.plan import make_plan
+from imageforge.model.manifest import load
+from imageforge.planning.plan import make_plan
+from imageforge.sources import lock
 from stages import STAGES, nccl_pytorch_pin
 from tests.unit.conftest import ROOT
 

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from imageforge import project, upstream
 from imageforge.errors import CompatibilityError, ManifestError, SourceError
-from imageforge.manifest import load
-from imageforge.upstream import Endpoints, newest, parse_version
+from imageforge.model.manifest import load
+from imageforge.planning import project
+from imageforge.sources import upstream
+from imageforge.sources.upstream import Endpoints, newest, parse_version
 from sample.serve import ServerHandle
 from stages import STAGES
 from tests.servers import ScriptedServer

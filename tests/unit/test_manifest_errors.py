@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ManifestError
-from imageforge.manifest import load
+from imageforge.model.manifest import load
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import lock, project
 from imageforge.errors import LockError, UsageError
+from imageforge.planning import project
+from imageforge.sources import lock
 from stages import STAGES
 from tests.unit.conftest import ROOT
 

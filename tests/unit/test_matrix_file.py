@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ManifestError
-from imageforge.matrix import Entry, Planned, load, summary
+from imageforge.model.matrix import Entry, Planned, load, summary
 
 
 def write(tmp_path: Path, text: str) -> Path:

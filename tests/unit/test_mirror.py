@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from imageforge import project
 from imageforge.errors import ManifestError, SourceError
-from imageforge.mirror import Locations, Rewrite, parse_rewrites
+from imageforge.planning import project
+from imageforge.sources.mirror import Locations, Rewrite, parse_rewrites
 from sample.serve import ServerHandle
 from stages import STAGES
 from tests.servers import ScriptedServer

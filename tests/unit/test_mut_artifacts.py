@@ -1,4 +1,4 @@
-"""The artifact store's smaller promises (imageforge/artifacts.py), on real OCI layouts with
+"""The artifact store's smaller promises (imageforge/cache/artifacts.py), on real OCI layouts with
 made-up bytes: what a stage key is, that verification trusts only untouched blobs, that a
 corrupt or incomplete entry is discarded with its bad blobs, that sizes count shared blobs
 once, that uses are counted, and that only dead processes' work directories are cleaned."""
@@ -21,8 +21,8 @@ from types import FrameType
 
 import pytest
 
-from imageforge import artifacts
-from imageforge.artifacts import ArtifactStore, Entry
+from imageforge.cache import artifacts
+from imageforge.cache.artifacts import ArtifactStore, Entry
 from imageforge.errors import CacheError
 from tests.oci_layout import key_of, oci_layout
 
@@ -512,7 +512,7 @@ def test_size_counts_nothing_for_a_blob_removed_while_counting(tmp_path: Path) -
 _FULL_DISK = """
 import sys
 from pathlib import Path
-from imageforge.artifacts import ArtifactStore
+from imageforge.cache.artifacts import ArtifactStore
 from imageforge.errors import CacheError
 from tests.oci_layout import key_of, oci_layout
 disk = Path(sys.argv[1])

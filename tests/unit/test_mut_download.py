@@ -1,4 +1,4 @@
-"""Redaction and the download's smaller decisions (imageforge/download.py): what a shown URL
+"""Redaction and the download's smaller decisions (imageforge/sources/download.py): what a shown URL
 hides, how a pin is read, how Retry-After, Content-Range, Content-Length and validators are
 read, what a resumed request asks for, and local copies; real files and a real HTTP server on
 127.0.0.1 where a transfer is involved."""
@@ -16,8 +16,8 @@ import requests
 from pytest_httpserver import HTTPServer
 from requests.structures import CaseInsensitiveDict
 
-from imageforge import download as dl
 from imageforge.errors import ChecksumError, SourceError
+from imageforge.sources import download as dl
 
 BODY = b"imageforge " * 1000
 SHA = hashlib.sha256(BODY).hexdigest()

@@ -1,4 +1,4 @@
-"""The download against real misbehaving servers on 127.0.0.1 (imageforge/download.py): each
+"""The download against real misbehaving servers on 127.0.0.1 (imageforge/sources/download.py): each
 failure's full message, TLS, the caller's session, the time limit, backoff, where the partial
 file lives and what is left when it is gone, and interrupt() from another thread."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from imageforge import download as dl
 from imageforge.errors import Interrupted, SourceError
+from imageforge.sources import download as dl
 from tests.servers import ScriptedServer
 
 BODY = bytes(range(256)) * 400  # 100 KiB: two chunks

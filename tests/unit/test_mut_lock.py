@@ -1,4 +1,4 @@
-"""The lock's own bookkeeping, fast and in process (imageforge/lock.py): how a lock file is
+"""The lock's own bookkeeping, fast and in process (imageforge/sources/lock.py): how a lock file is
 written (whole, indented, beside the manifest's lock), what `diff` says for every kind of
 entry, when pins moved, how stale and unused entries are named, and what the upstream
 resolver answers from an entry it already has without asking upstream."""
@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 from pytest_httpserver import HTTPServer
 
-from imageforge import extends, lock, piplock, upstream
 from imageforge.errors import DockerError, LockError, ManifestError, SourceError
-from imageforge.manifest import Manifest, load
-from imageforge.sources import GitSource, SourceCache, UrlSource
+from imageforge.model import extends
+from imageforge.model.manifest import Manifest, load
+from imageforge.sources import lock, piplock, upstream
+from imageforge.sources.sources import GitSource, SourceCache, UrlSource
 from sample.serve import ServerHandle
 from stages import STAGES, nccl_pytorch_pin
 from tests.unit.conftest import ROOT, sample_manifest
@@ -632,7 +633,8 @@ def test_an_upgrade_applies_while_its_version_and_policy_are_the_manifests() -> 
 
 
 class _Rewrite:
-    """A Locator (imageforge.sources) moving one URL prefix to another, as rewrite rules do."""
+    """A Locator (imageforge.sources.sources) moving one URL prefix to another, as rewrite
+    rules do."""
 
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new

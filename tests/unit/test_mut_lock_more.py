@@ -1,5 +1,5 @@
-"""More of imageforge/lock.py, in process: `lock.resolve` against real upstreams on this host
-(a PEP 503 index on 127.0.0.1, git repositories on disk, a scripted `docker` on PATH), what
+"""More of imageforge/sources/lock.py, in process: `lock.resolve` against real upstreams on this
+host (a PEP 503 index on 127.0.0.1, git repositories on disk, a scripted `docker` on PATH), what
 `settle` does with stages that read the image's settings or have no table, how `--upgrade`
 forgets entries, and what a registry too slow to answer leaves pinned."""
 
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import lock, piplock
 from imageforge.errors import CompatibilityError, LockError
-from imageforge.manifest import Manifest, load
-from imageforge.sources import Source, SourceCache, UrlSource
-from imageforge.stage import Context, Stage, git_source
-from imageforge.upstream import Endpoints
+from imageforge.model.manifest import Manifest, load
+from imageforge.model.stage import Context, Stage, git_source
+from imageforge.sources import lock, piplock
+from imageforge.sources.sources import Source, SourceCache, UrlSource
+from imageforge.sources.upstream import Endpoints
 from stages import STAGES, nccl_pytorch_pin
 from tests.servers import ScriptedServer
 from tests.unit.conftest import ROOT

@@ -1,6 +1,6 @@
-"""The plan's smaller promises (imageforge/plan.py, imageforge/stage.py): the JSON shape of a
-plan, statuses by key, which inputs a key covers, what a stage without a table gets, which
-targets a manifest defines, and the file name a URL is saved under."""
+"""The plan's smaller promises (imageforge/planning/plan.py, imageforge/model/stage.py): the JSON
+shape of a plan, statuses by key, which inputs a key covers, what a stage without a table gets,
+which targets a manifest defines, and the file name a URL is saved under."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import extends
 from imageforge.errors import LockError, ManifestError
-from imageforge.manifest import load
-from imageforge.plan import defined_targets, make_plan, stage_inputs, stage_key
-from imageforge.stage import Field, Stage, filename_of, git_fields, keyed_inputs, url_fields
+from imageforge.model import extends
+from imageforge.model.manifest import load
+from imageforge.model.stage import Field, Stage, filename_of, git_fields, keyed_inputs, url_fields
+from imageforge.planning.plan import defined_targets, make_plan, stage_inputs, stage_key
 from stages import STAGES
 from tests.unit.conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""The remote artifact cache's pure parts and its one docker question (imageforge/remote.py):
+"""The remote artifact cache's pure parts and its one docker question (imageforge/cache/remote.py):
 which references name a registry, which repositories are accepted, where an artifact lives,
 how `docker buildx imagetools inspect`'s answer is read (a stand-in `docker` executable on
 PATH gives the answers a real one gives), and what the private docker config keeps of the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import remote
+from imageforge.cache import remote
 from imageforge.errors import CacheError
 
 KEY = "sha256:" + "ab" * 32

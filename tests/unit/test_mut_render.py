@@ -1,4 +1,4 @@
-"""A stage's Dockerfile block (imageforge/render.py) when the caller passes no memo of the
+"""A stage's Dockerfile block (imageforge/planning/render.py) when the caller passes no memo of the
 stages' search paths: render_stage asks each stage for them with the plan's context, and the
 block is the same as with make_plan's memo."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge.render import render_stage
-from imageforge.stage import Context, Stage
+from imageforge.model.stage import Context, Stage
+from imageforge.planning.render import render_stage
 
 BASE = Stage(name="base", doc="the base image", deps=(), fields={}, recipe=lambda _ctx: "",
              parent=None)

@@ -1,12 +1,12 @@
-"""What a stage hands the engine (imageforge/stage.py): the file name a download is saved under
-whatever its query, fragment or sourceforge-style tail, and the git source of a stage."""
+"""What a stage hands the engine (imageforge/model/stage.py): the file name a download is saved
+under whatever its query, fragment or sourceforge-style tail, and the git source of a stage."""
 
 from __future__ import annotations
 
 import pytest
 
-from imageforge.sources import GitSource
-from imageforge.stage import filename_of, git_source
+from imageforge.model.stage import filename_of, git_source
+from imageforge.sources.sources import GitSource
 
 
 @pytest.mark.parametrize(("url", "name"), [

@@ -1,5 +1,5 @@
-"""How the tarball check names a bad link (imageforge/tarcheck.py): symlink or hard link, and
-which directory each kind's target is relative to; on real tar files."""
+"""How the tarball check names a bad link (imageforge/sources/tarcheck.py): symlink or hard
+link, and which directory each kind's target is relative to; on real tar files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import SourceError
-from imageforge.tarcheck import check, first_problem
+from imageforge.sources.tarcheck import check, first_problem
 
 
 def _tar(path: Path, *members: tuple[str, bytes | None, str | None, bytes]) -> Path:

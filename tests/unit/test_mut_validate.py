@@ -1,4 +1,4 @@
-"""Every branch of the manifest value checks (imageforge/validate.py), with the exact message
+"""Every branch of the manifest value checks (imageforge/model/validate.py), with the exact message
 a refused value gets."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from imageforge.validate import ALLOWED, Kind, _full, problem
+from imageforge.model.validate import ALLOWED, Kind, _full, problem
 
 
 @pytest.mark.parametrize(("kind", "value"), [

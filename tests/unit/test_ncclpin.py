@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pytest_httpserver import HTTPServer, RequestHandler
 
-from imageforge.download import RetryPolicy
 from imageforge.errors import CompatibilityError, SourceError
+from imageforge.sources.download import RetryPolicy
 from stages.ncclpin import PIN_DIR, SUBMODULE, NcclPin, parse_version_mk, pytorch_nccl_pin
 
 FIXED_DATE = "2022-01-31T12:00:00+00:00"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from imageforge import lock, piplock
-from imageforge.manifest import load
-from imageforge.plan import make_plan
+from imageforge.model.manifest import load
+from imageforge.planning.plan import make_plan
+from imageforge.sources import lock, piplock
 from stages import STAGES
 
 SAMPLE = Path("manifests/sample.toml")

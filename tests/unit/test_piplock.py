@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import piplock
 from imageforge.errors import LockError
-from imageforge.manifest import load
+from imageforge.model.manifest import load
+from imageforge.sources import piplock
 from stages import STAGES
 from tests.servers import serve_directory
 

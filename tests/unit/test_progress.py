@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.progress import BuildProgress, read_statuses
+from imageforge.buildkit.progress import BuildProgress, read_statuses
 
 DATA = Path(__file__).parent / "data"
 

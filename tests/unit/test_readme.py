@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from imageforge.reference import END, START, markdown
+from imageforge.model.reference import END, START, markdown
 from stages import STAGES
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import project
+from imageforge.planning import project
 from stages import STAGES
 from stages.nccl import gencode
 

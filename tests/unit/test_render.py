@@ -14,7 +14,7 @@ import pytest
 from invoke.context import MockContext
 
 import tasks
-from imageforge import project
+from imageforge.planning import project
 from stages import STAGES
 from tasks import GOLDEN_DOCKERFILES
 

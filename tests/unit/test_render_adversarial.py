@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from imageforge import validate
 from imageforge.errors import FatalError
-from imageforge.manifest import IMAGE_FIELDS, load
-from imageforge.plan import defined_targets, make_plan
-from imageforge.project import dockerfile
-from imageforge.stage import Field
+from imageforge.model import validate
+from imageforge.model.manifest import IMAGE_FIELDS, load
+from imageforge.model.stage import Field
+from imageforge.planning.plan import defined_targets, make_plan
+from imageforge.planning.project import dockerfile
 from stages import STAGES
 from tests.dockerfile_shape import ParseError, parse, shape, shell_shape
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from imageforge import project, rules
-from imageforge.build import labels
+from imageforge.buildkit.build import labels
 from imageforge.errors import CompatibilityError, LockError, ManifestError
-from imageforge.manifest import Manifest, load
+from imageforge.model.manifest import Manifest, load
+from imageforge.planning import project, rules
 from sample.serve import ServerHandle
 from stages import STAGES
 from stages.ncclpin import SUBMODULE, NcclPin

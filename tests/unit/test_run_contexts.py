@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import project
-from imageforge.execute import is_external, make_run, reused
-from imageforge.plan import Plan
+from imageforge.planning import project
+from imageforge.planning.execute import is_external, make_run, reused
+from imageforge.planning.plan import Plan
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import project
 from imageforge.errors import ManifestError, SourceError
-from imageforge.signature import Signature
-from imageforge.sources import SourceCache, UrlSource
+from imageforge.planning import project
+from imageforge.sources.signature import Signature
+from imageforge.sources.sources import SourceCache, UrlSource
 from sample.serve import ServerHandle
 from stages import STAGES
 from tests.payloads import random_tarball

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import tarcheck
 from imageforge.errors import SourceError
-from imageforge.sources import SourceCache, UrlSource
+from imageforge.sources import tarcheck
+from imageforge.sources.sources import SourceCache, UrlSource
 from sample.serve import ServerHandle
 from tests.servers import ScriptedServer
 from tests.unit.conftest import sample_manifest

@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 
-from imageforge import cabundle, extends, localtree, lock, project
 from imageforge.errors import ManifestError, UsageError
-from imageforge.execute import Run, bake_file
 from imageforge.front import code_overrides
-from imageforge.manifest import load
-from imageforge.plan import Plan, make_plan
+from imageforge.model import extends
+from imageforge.model.manifest import load
+from imageforge.planning import localtree, project
+from imageforge.planning.execute import Run, bake_file
+from imageforge.planning.plan import Plan, make_plan
+from imageforge.sources import cabundle, lock
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,1 @@
+"""imageforge's buildkit modules (see docs/architecture.md)."""

@@ -1,0 +1,73 @@
+"""Why a `docker buildx bake` run failed when no recipe is to blame.
+
+A Docker daemon that stopped mid-build, a disk that filled up while BuildKit exported an
+artifact, a registry that failed a push: without this each read as "a stage failed to build"
+(exit 7) followed by BuildKit's own wording. Each gets its sentence and exit code instead.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from imageforge.cache import diskfull
+from imageforge.cmd import docker
+from imageforge.errors import DockerError, FatalError, RegistryError
+
+
+def explain(output: str, *, cache: Path, push: str | None = None) -> FatalError | None:
+    """The error for a failed bake whose output (stderr lines, stage errors) is `output`;
+    None when the build itself failed. `cache` is the artifact store BuildKit exported into,
+    `push` the image reference being pushed, if any."""
+    if not daemon_answers():
+        return DockerError("the Docker daemon stopped answering during the build; nothing was "
+                           "stored or tagged: start it again (`docker info` must answer) and "
+                           "run the build again.")
+    if diskfull.mentions_full(output):
+        path = diskfull.full_path(output)
+        if (path.is_relative_to(cache) if path else diskfull.nearly_full(cache)):
+            return diskfull.error(cache)
+        where = f"writing {path}" if path else "in a build step"
+        return DockerError(f"BuildKit ran out of disk space {where}; free space on Docker's "
+                           "disk (e.g. `docker builder prune`) and run the build again.")
+    if push and "failed to push" in output:
+        return RegistryError(f"pushing {push} failed ({cause(output)}); the stages built but "
+                             "nothing was tagged or stored: run the build again once the "
+                             "registry answers.")
+    return None
+
+
+# containerd answers this when two exporters of one bake write the same blob at once (the
+# pushed image and an artifact's OCI layout share their layers); BuildKit gives up after a few
+# seconds instead of waiting (moby/buildkit#1491). Nothing is wrong with the build, and every
+# step is in BuildKit's cache, so running the bake again is cheap and succeeds.
+_CONTENDED = re.compile(r"ref \S+ locked for [^)]*\): unavailable")
+
+
+def contended(output: str) -> bool:
+    """Whether a failed bake's `output` shows only containerd's blob-lock contention, which
+    another attempt gets past, and no other error."""
+    errors = [line for line in output.splitlines() if "ERROR" in line or "error:" in line]
+    return bool(errors) and all(_CONTENDED.search(line) for line in errors)
+
+
+def daemon_answers() -> bool:
+    try:
+        return docker("info", "--format", "{{.ServerVersion}}", timeout=15).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def cause(output: str) -> str:
+    """The cause at the end of BuildKit's last error line, e.g. "500 Internal Server
+    Error" or "connect: connection refused", without the URLs and upload tokens before it."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")] or lines
+    if not errors:
+        return "no output"
+    # Go's url.Error puts the URL (with any upload token) in a part of its own: `Put "URL": EOF`.
+    parts = [part for part in errors[-1].split(": ") if "://" not in part]
+    # Go's errors end in their cause; one word ("EOF") says more with what it ended.
+    tail = parts[-2:] if len(parts) > 2 and len(parts[-1]) < 12 else parts[-1:]
+    return ": ".join(tail)[-200:]

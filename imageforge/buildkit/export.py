@@ -1,0 +1,108 @@
+"""`invoke build --output DEST`: the files a target's stages made, as a plain tree or a tar.
+
+ParallelCluster and Slurm hosts run NCCL, the plugin and nccl-tests outside containers. The
+export holds exactly what an image stage copies from each stage it gathers (a builder's /out
+tree, the efa stage's /opt/amazon), read from the artifact cache by BuildKit's local or tar
+exporter, plus imageforge-export.json naming each stage, its key and its inputs. The base image
+and image stages themselves contribute nothing: their files are the base's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from imageforge.cache.artifacts import ArtifactStore
+from imageforge.cmd import docker
+from imageforge.errors import BuildError, CacheError, UsageError
+from imageforge.planning import project
+from imageforge.planning.plan import Plan, PlannedStage
+from imageforge.planning.render import _copy_lines
+
+EXPORT_TIMEOUT = 1800
+MANIFEST_FILE = "imageforge-export.json"
+
+
+def exported_stages(planned: Plan) -> list[PlannedStage]:
+    """The stages whose own files go into the export, in build order."""
+    return [s for s in planned.stages
+            if s.name != "base" and not planned.registry[s.name].image]
+
+
+def dockerfile(planned: Plan, stages: list[PlannedStage]) -> str:
+    listing = json.dumps({
+        "target": planned.target, "manifest": str(planned.manifest.path),
+        "stages": [{"name": s.name, "key": s.key, "inputs": s.inputs} for s in stages],
+    }, indent=2, sort_keys=True, default=str)
+    lines = ["FROM scratch"]
+    for stage in stages:
+        lines.extend(_copy_lines(planned.registry[stage.name]))
+    lines += [f"COPY <<'EOF' /{MANIFEST_FILE}", listing, "EOF"]
+    return "\n".join(lines) + "\n"
+
+
+def output_spec(dest: Path, *, write_to: Path) -> str:
+    """A .tar `dest` gets BuildKit's tar exporter, anything else a plain tree; either is
+    written to `write_to` (renamed to `dest` once complete)."""
+    kind = "tar" if dest.suffix == ".tar" else "local"
+    return f"type={kind},dest={write_to}"
+
+
+def check_destination(dest: Path) -> Path:
+    """`dest` resolved, or a UsageError before anything is built."""
+    dest = dest.resolve()
+    if not dest.parent.is_dir():
+        raise UsageError(f"--output {dest}: its directory {dest.parent} does not exist; "
+                         "create it or choose another path.")
+    if dest.suffix != ".tar" and dest.exists() and any(dest.iterdir()):
+        raise UsageError(f"--output {dest} is a directory that is not empty; give a new or "
+                         "empty directory, or a FILE.tar.")
+    return dest
+
+
+def export(settings: project.Settings, target: str, dest: Path) -> Path:
+    """Write the export of `target` (already built) to `dest`; nothing is left at `dest` when
+    it fails."""
+    dest = check_destination(dest)
+    planned = project.plan(settings, target)
+    stages = exported_stages(planned)
+    store = project.artifact_store(settings)
+    contexts = _contexts(store, planned, stages)
+    with tempfile.TemporaryDirectory(prefix="imageforge-export-") as tmp:
+        (Path(tmp) / "Dockerfile").write_text(dockerfile(planned, stages))
+        partial = dest.with_name(dest.name + ".part")
+        _remove(partial)
+        args = ["buildx", "build", "--progress", "plain", "--output",
+                output_spec(dest, write_to=partial)]
+        for name, context in contexts.items():
+            args += ["--build-context", f"{name}={context}"]
+        result = docker(*args, tmp, timeout=EXPORT_TIMEOUT)
+        if result.returncode != 0:
+            _remove(partial)
+            tail = result.stderr.decode(errors="replace").strip().splitlines()[-5:]
+            raise BuildError(f"exporting {target} to {dest} failed: " + " / ".join(tail))
+        if dest.is_dir():
+            dest.rmdir()   # empty, checked above
+        partial.rename(dest)
+    return dest
+
+
+def _contexts(store: ArtifactStore, planned: Plan, stages: list[PlannedStage]
+              ) -> dict[str, str]:
+    contexts = {}
+    for stage in stages:
+        entry = store.verify(stage.key) if stage.status == "cached" else None
+        if entry is None:
+            raise CacheError(f"stage {stage.name} ({stage.key[:19]}) is not in the artifact "
+                             f"cache; build --target {planned.target} first.")
+        contexts[stage.name] = entry.context
+    return contexts
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

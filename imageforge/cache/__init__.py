@@ -1,0 +1,1 @@
+"""imageforge's cache modules (see docs/architecture.md)."""

@@ -1,0 +1,324 @@
+"""The local artifact store: every built stage as an OCI image layout under its key.
+
+Layout under <cache>/artifacts:
+  blobs/sha256/<hex>     content-addressed blobs, shared by every entry
+  entries/<keyhex>/      an OCI layout (oci-layout, index.json, blobs/ hard-linked from
+                         the shared blobs) plus meta.json; it exists complete or not at all
+  locks/<keyhex>.lock    per-key locks, so concurrent builds never build a key twice
+  tmp/<pid>-<rand>/      work in progress; left-overs of dead processes are removed
+A blob whose only link is the shared copy belongs to no entry and is garbage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from imageforge import log
+from imageforge.cache import diskfull
+from imageforge.cache.keylock import locked
+from imageforge.errors import CacheError
+
+_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Entry:
+    key: str
+    stage: str
+    inputs: Mapping[str, Any]
+    size: int
+    digest: str
+    build_seconds: float
+    created: float
+    last_used: float
+    hits: int
+    path: Path
+
+    @property
+    def context(self) -> str:
+        """How BuildKit reads this artifact as a named build context."""
+        return f"oci-layout://{self.path}@{self.digest}"
+
+    def meta(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("path")
+        return data
+
+
+def key_hex(key: str) -> str:
+    hexpart = key.removeprefix("sha256:")
+    if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
+        raise CacheError(f"{key!r} is not a stage key (sha256:<64 hex>).")
+    return hexpart
+
+
+class ArtifactStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.blobs = self.root / "blobs" / "sha256"
+        self.entry_root = self.root / "entries"
+        self.locks = self.root / "locks"
+        self.tmp = self.root / "tmp"
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def get(self, key: str) -> Entry | None:
+        """The entry for `key` if it is in the store (cheap: reads its metadata only)."""
+        meta = self.entry_root / key_hex(key) / "meta.json"
+        try:
+            data = json.loads(meta.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return None
+        return Entry(path=meta.parent, **data)
+
+    def verify(self, key: str) -> Entry | None:
+        """The entry if every blob it holds has the digest it is named by; a corrupt entry
+        is reported, removed (with its bad blobs) and None is returned."""
+        entry = self.get(key)
+        if entry is None:
+            return None
+        # A blob hashed before and not touched since (same size, mtime and inode) is not
+        # hashed again: a no-op rebuild stays fast however large the image.
+        stamps_path = entry.path / "verified.json"
+        try:
+            stamps = json.loads(stamps_path.read_text())
+        except (OSError, ValueError):
+            stamps = {}
+        blobs = list(_blob_files(entry.path))
+        bad = [b for b in blobs if stamps.get(b.name) != _stamp(b) and not _blob_ok(b)]
+        if not bad and (entry.path / "index.json").exists():
+            fresh = {b.name: _stamp(b) for b in blobs}
+            if fresh != stamps:
+                _write_json(stamps_path, fresh)
+            return entry
+        log.warning(f"cached artifact of {entry.stage} ({key[:19]}) is corrupt "
+                    f"({len(bad)} bad blob(s)); discarding it, the stage will be rebuilt.")
+        for blob in bad:
+            (self.blobs / blob.name).unlink(missing_ok=True)
+        self.remove(key)
+        return None
+
+    def all_entries(self) -> list[Entry]:
+        if not self.entry_root.exists():
+            return []
+        found = (self.get("sha256:" + d.name) for d in sorted(self.entry_root.iterdir())
+                 if len(d.name) == 64)
+        return [e for e in found if e is not None]
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def lock_path(self, key: str) -> Path:
+        return self.locks / f"{key_hex(key)}.lock"
+
+    def scratch(self) -> Path:
+        """A fresh work directory under tmp/, named after this process."""
+        self.cleanup()
+        path = self.tmp / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path.mkdir(parents=True)
+        return path
+
+    def add(self, *, key: str, stage: str, inputs: Mapping[str, Any], layout: Path,
+            build_seconds: float) -> Entry:
+        """Adopt the OCI layout BuildKit exported to `layout` as the artifact of `key`.
+        Atomic: the entry appears whole (a rename) or not at all."""
+        digest = _top_digest(layout)
+        with diskfull.guard(self.root):
+            self.blobs.mkdir(parents=True, exist_ok=True)
+            staged = self.scratch()
+            try:
+                return self._assemble(staged, key=key, stage=stage, inputs=inputs,
+                                      layout=layout, digest=digest,
+                                      build_seconds=build_seconds)
+            finally:
+                # Renamed into place, the staged entry is the store's; otherwise the blobs
+                # this add shared belong to no entry: it was stopped (an error, Ctrl-C), or
+                # another process stored the same key first.
+                kept = not staged.exists()
+                shutil.rmtree(staged, ignore_errors=True)
+                shutil.rmtree(layout, ignore_errors=True)
+                if not kept:
+                    self.collect_garbage()
+
+    def _assemble(self, staged: Path, *, key: str, stage: str, inputs: Mapping[str, Any],
+                  layout: Path, digest: str, build_seconds: float) -> Entry:
+        (staged / "blobs" / "sha256").mkdir(parents=True)
+        size = 0
+        for blob in _blob_files(layout):
+            if not _blob_ok(blob):
+                raise CacheError(f"BuildKit exported a blob of {stage} whose content does "
+                                 f"not match its name ({blob.name}); rebuild it.")
+            size += self._link_shared(blob, staged / "blobs" / "sha256" / blob.name)
+        for name in ("oci-layout", "index.json"):
+            shutil.copyfile(layout / name, staged / name)
+        now = time.time()
+        entry = Entry(key=key, stage=stage, inputs=dict(inputs), size=size, digest=digest,
+                      build_seconds=round(build_seconds, 2), created=now, last_used=now,
+                      hits=0, path=self.entry_root / key_hex(key))
+        _write_json(staged / "meta.json", entry.meta())
+        self.entry_root.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(staged, entry.path)
+        except OSError:
+            # Another process stored the same key first; keys are content, so keep theirs.
+            existing = self.get(key)
+            if existing is None:
+                raise
+            return existing
+        return entry
+
+    def touch(self, key: str) -> None:
+        """Record a use (last used, hits) for cache.ls and pruning."""
+        entry = self.get(key)
+        if entry is None:
+            return
+        updated = dataclasses.replace(entry, last_used=time.time(), hits=entry.hits + 1)
+        _write_json(entry.path / "meta.json", updated.meta())
+
+    def remove(self, key: str) -> None:
+        path = self.entry_root / key_hex(key)
+        if not path.exists():
+            return
+        # Rename first so a reader never sees half an entry.
+        doomed = self.tmp / f"removed-{key_hex(key)}-{uuid.uuid4().hex[:8]}"
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return  # another process removed it first
+        shutil.rmtree(doomed, ignore_errors=True)
+        self.collect_garbage()
+
+    def prune(self, *, max_size: int | None = None, older_than: float | None = None,
+              keep_last: int | None = None) -> list[Entry]:
+        """Remove entries unused for `older_than` seconds, then least recently used ones
+        until the store fits `max_size` bytes; the `keep_last` most recently used entries
+        of each stage always stay."""
+        entries = sorted(self.all_entries(), key=lambda e: e.last_used, reverse=True)
+        protected: set[str] = set()
+        if keep_last:
+            per_stage: dict[str, int] = {}
+            for e in entries:
+                per_stage[e.stage] = per_stage.get(e.stage, 0) + 1
+                if per_stage[e.stage] <= keep_last:
+                    protected.add(e.key)
+        now = time.time()
+        doomed = [e for e in entries if e.key not in protected and older_than is not None
+                  and now - e.last_used > older_than]
+        if max_size is not None:
+            kept = [e for e in entries if e not in doomed]
+            total = self.size(kept)
+            for e in reversed(kept):
+                if total <= max_size:
+                    break
+                if e.key in protected:
+                    continue
+                doomed.append(e)
+                total = self.size([k for k in kept if k not in doomed])
+        for e in doomed:
+            # Not while a build reads or writes it.
+            with locked(self.lock_path(e.key), shared=False, what=f"{e.stage} {e.key[:19]}"):
+                self.remove(e.key)
+        return doomed
+
+    def size(self, entries: list[Entry] | None = None) -> int:
+        """Bytes on disk for `entries` (shared blobs counted once)."""
+        names: dict[str, int] = {}
+        for e in entries if entries is not None else self.all_entries():
+            for blob in _blob_files(e.path):
+                # Another process may be removing the entry: what is gone takes no space.
+                with contextlib.suppress(FileNotFoundError):
+                    names[blob.name] = blob.stat().st_size
+        return sum(names.values())
+
+    def collect_garbage(self) -> None:
+        """Delete shared blobs that no entry links to any more."""
+        if not self.blobs.exists():
+            return
+        for blob in self.blobs.iterdir():
+            # Two processes may collect at once: a blob the other one took is already done.
+            with contextlib.suppress(FileNotFoundError):
+                if blob.stat().st_nlink == 1:
+                    blob.unlink(missing_ok=True)
+
+    def cleanup(self) -> None:
+        """Remove work directories of processes that are gone (killed builds)."""
+        if not self.tmp.exists():
+            return
+        for path in self.tmp.iterdir():
+            pid = path.name.split("-", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _link_shared(self, blob: Path, dest: Path) -> int:
+        """Link `dest` to the shared copy of `blob`, making `blob` the shared copy when
+        there is none yet; returns its size. Linked in this order, a shared blob has a
+        second link from the moment it exists, so another process's garbage collection
+        (which takes blobs with one link) never removes it from under this one."""
+        shared = self.blobs / blob.name
+        try:
+            os.link(shared, dest)
+        except FileNotFoundError:
+            os.link(blob, dest)
+            # Another process may share the same bytes first: then ours stay this entry's.
+            with contextlib.suppress(FileExistsError):
+                os.link(dest, shared)
+        return dest.stat().st_size
+
+
+def _blob_files(layout: Path) -> Iterator[Path]:
+    directory = layout / "blobs" / "sha256"
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return  # no blobs, or another process is removing the entry
+    yield from (p for p in (directory / name for name in names) if p.is_file())
+
+
+def _stamp(blob: Path) -> list[int]:
+    info = blob.stat()
+    return [info.st_size, info.st_mtime_ns, info.st_ino]
+
+
+def _blob_ok(blob: Path) -> bool:
+    digest = hashlib.sha256()
+    with blob.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest() == blob.name
+
+
+def _top_digest(layout: Path) -> str:
+    try:
+        index = json.loads((layout / "index.json").read_text())
+        return str(index["manifests"][0]["digest"])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise CacheError(f"{layout}: not an OCI layout BuildKit wrote ({exc}).") from None
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,156 @@
+"""The remote artifact cache: stage artifacts as images in an OCI registry.
+
+An artifact lives at `<repository>/<stage>:<key hex>`. Credentials come from the user's
+docker config, or from IMAGEFORGE_REGISTRY_USER / IMAGEFORGE_REGISTRY_PASSWORD, which are
+written to a private temporary docker config for our docker calls only: they never reach
+build arguments, labels, logs or images. An unreachable registry degrades to local-only.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from imageforge import log
+from imageforge.cache.artifacts import key_hex
+from imageforge.cmd import docker_binary, run
+from imageforge.errors import CacheError
+
+_REPOSITORY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+")
+# How long `docker buildx imagetools inspect` may take before the registry counts as down.
+INSPECT_TIMEOUT = 30.0
+_UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "connection reset",
+                "dial tcp", "server misbehaving", "eof", "503", "502", "500 internal")
+
+
+def registry_host(ref: str) -> str | None:
+    """The registry an image reference or repository names (its first path component when
+    that looks like a host: has a dot, a port, or is localhost), if it names one."""
+    first = ref.split("/", 1)[0]
+    return first if "/" in ref and ("." in first or ":" in first or first == "localhost") else None
+
+
+class RemoteUnavailable(Exception):
+    """The registry did not answer; callers fall back to the local cache."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Remote:
+    repository: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        return self.repository.split("/", 1)[0]
+
+    def ref(self, stage: str, key: str) -> str:
+        return f"{self.repository}/{stage}:{key_hex(key)}"
+
+    def exists(self, stage: str, key: str, *, timeout: float = INSPECT_TIMEOUT) -> bool:
+        """Whether the artifact is in the registry; RemoteUnavailable when it cannot tell
+        (also when docker has not answered within `timeout` seconds)."""
+        proc = run([docker_binary(), "buildx", "imagetools", "inspect", self.ref(stage, key),
+                    "--format", "{{json .Manifest.Digest}}"], timeout=timeout, env=self.env,
+                   error=RemoteUnavailable,
+                   timed_out=f"{self.host} did not answer within {timeout:g} s")
+        if proc.returncode == 0:
+            return True
+        error = proc.stderr.decode(errors="replace").strip().lower()
+        if "not found" in error or "manifest unknown" in error:
+            return False
+        if any(word in error for word in _UNREACHABLE):
+            raise RemoteUnavailable(error.splitlines()[-1] if error else "no answer")
+        if "unauthorized" in error or "authorization failed" in error:
+            raise CacheError(f"registry {self.host} refused our credentials; check "
+                             "IMAGEFORGE_REGISTRY_USER/IMAGEFORGE_REGISTRY_PASSWORD or "
+                             "`docker login`.")
+        raise RemoteUnavailable(error.splitlines()[-1] if error else "unknown error")
+
+
+def check_repository(repository: str) -> str:
+    if not _REPOSITORY.fullmatch(repository):
+        raise CacheError(f"remote cache {repository!r} is not a registry repository like "
+                         "'registry.example.com:5000/imageforge-cache'.")
+    return repository
+
+
+@contextmanager
+def session(repository: str | None, environ: Mapping[str, str] | None = None
+            ) -> Iterator[Remote | None]:
+    """A Remote for the duration of a command, with credentials from the environment
+    placed in a private docker config that is deleted afterwards."""
+    if not repository:
+        yield None
+        return
+    check_repository(repository)
+    with credentials(repository.split("/", 1)[0], environ) as env:
+        yield Remote(repository=repository, env=env)
+
+
+@contextmanager
+def credentials(hosts: str | Sequence[str], environ: Mapping[str, str] | None = None
+                ) -> Iterator[dict[str, str]]:
+    """Environment for docker calls that talk to `host`: a private DOCKER_CONFIG holding
+    IMAGEFORGE_REGISTRY_USER/PASSWORD when they are set, else nothing (the user's own
+    docker config and `docker login` apply)."""
+    environ = os.environ if environ is None else environ
+    user = environ.get("IMAGEFORGE_REGISTRY_USER")
+    password = environ.get("IMAGEFORGE_REGISTRY_PASSWORD")
+    if not (user and password):
+        yield {}
+        return
+    with tempfile.TemporaryDirectory(prefix="imageforge-docker-") as tmp:
+        config = Path(tmp)
+        os.chmod(config, 0o700)
+        _write_config(config, [hosts] if isinstance(hosts, str) else list(hosts), user,
+                      password)
+        yield {"DOCKER_CONFIG": str(config)}
+
+
+def _write_config(config: Path, hosts: Sequence[str], user: str, password: str) -> None:
+    """Our own docker config: the user's (for builders and other registries) plus these
+    credentials for `host`."""
+    home = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    data: dict[str, object] = {}
+    if (home / "config.json").exists():
+        try:
+            data = json.loads((home / "config.json").read_text())
+        except ValueError:
+            data = {}
+    auths = dict(data.get("auths") or {})  # type: ignore[call-overload]
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    helpers = dict(data.get("credHelpers") or {})  # type: ignore[call-overload]
+    for host in hosts:
+        auths[host] = {"auth": token}
+        # A credential helper for this host would take precedence over our entry.
+        helpers.pop(host, None)
+    data["auths"] = auths
+    data["credHelpers"] = helpers
+    data.pop("credsStore", None)
+    path = config / "config.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+    # Keep the user's builders, contexts and CLI plugins (buildx itself may live there)
+    # visible under our config.
+    for name in ("buildx", "contexts", "cli-plugins"):
+        if (home / name).exists():
+            (config / name).symlink_to(home / name)
+
+
+def warn_unavailable(remote: Remote, why: str) -> None:
+    log.warning(f"remote cache {remote.repository} is unreachable ({why}); continuing with "
+                "the local cache only.")
+
+
+def warn_push_failed(remote: Remote, count: int, why: str) -> None:
+    log.warning(f"pushing {count} artifact(s) to the remote cache {remote.repository} failed "
+                f"({why}); the build stands, push them later with "
+                f"`invoke cache.push --remote {remote.repository}`.")

@@ -1,0 +1,1 @@
+"""imageforge's image modules (see docs/architecture.md)."""

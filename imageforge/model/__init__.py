@@ -1,0 +1,1 @@
+"""imageforge's model modules (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""imageforge's planning modules (see docs/architecture.md)."""

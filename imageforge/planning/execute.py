@@ -1,0 +1,212 @@
+"""What one build run does: which stages BuildKit must build, which come from the artifact
+cache, the Dockerfile and the bake file that say so."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from imageforge.cache.remote import registry_host
+from imageforge.model.stage import Stage
+from imageforge.planning.plan import Plan, PlannedStage
+from imageforge.planning.render import render_dockerfile
+
+FINAL = "imageforge-image"
+ARTIFACT_PREFIX = "imageforge-artifact-"
+
+
+def full_artifact_stages(registry: Mapping[str, Stage]) -> set[str]:
+    """Stages whose artifact must be the whole image: those others are built FROM, and
+    images. Every other stage's artifact holds only its exports (a FROM scratch image)."""
+    return {s.parent for s in registry.values() if s.parent} | {
+        name for name, s in registry.items() if s.image}
+
+
+def is_external(stage: PlannedStage) -> bool:
+    """A stage that is only its FROM line (e.g. `base` on a base image that already has
+    every tool): the base image is its artifact, so it is rendered, never built or stored."""
+    lines = stage.recipe.strip().splitlines()
+    return len(lines) == 1 and lines[0].startswith("FROM ") and stage.deps == ()
+
+
+def to_build(plan: Plan) -> list[str]:
+    """The stages BuildKit must build: the target unless cached, and recursively every
+    dependency of a stage being built that no cache holds. Plan order."""
+    available = {s.name for s in plan.stages
+                 if s.status in ("cached", "remote") or is_external(s)}
+    needed: set[str] = set()
+
+    def need(name: str) -> None:
+        if name in available or name in needed:
+            return
+        needed.add(name)
+        for dep in plan.stage(name).deps:
+            need(dep)
+
+    need(plan.target)
+    return [s.name for s in plan.stages if s.name in needed]
+
+
+# A block names the stages it reads in its FROM line (the parent) and in COPY --from.
+_NAMED = re.compile(r"(?:^FROM\s+|--from=)([A-Za-z0-9][A-Za-z0-9_.-]*)", re.MULTILINE)
+
+
+def read_by(plan: Plan, building: list[str]) -> set[str]:
+    """The stages of `plan` that the blocks of `building` read. Not only their direct deps:
+    a block copies the whole closure it needs (torchvision copies nccl, which only pytorch
+    depends on), so each of those must be in the Dockerfile or given as a context."""
+    names = {s.name for s in plan.stages}
+    return {found for name in building for found in _NAMED.findall(plan.stage(name).recipe)
+            if found in names and found != name}
+
+
+def reused(plan: Plan, building: list[str]) -> list[str]:
+    """Cached stages this run reads: those the built stages read, or the target itself."""
+    used = read_by(plan, building)
+    if plan.target not in building:
+        used.add(plan.target)
+    return [s.name for s in plan.stages
+            if s.name in used and s.name not in building and not is_external(s)]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """One build run: the Dockerfile text, the contexts and the bake targets."""
+
+    dockerfile: str
+    contexts: Mapping[str, str]
+    artifact_targets: Mapping[str, str]   # stage -> Dockerfile target to export
+
+
+def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
+             contexts: Mapping[str, str]) -> Run:
+    full = full_artifact_stages(registry)
+    used = read_by(plan, building) | {plan.target}
+    blocks = [(s.name, s.recipe) for s in plan.stages if is_external(s) and s.name in used]
+    blocks += [(name, plan.stage(name).recipe) for name in building]
+    artifact_targets: dict[str, str] = {}
+    for name in building:
+        if name in full:
+            artifact_targets[name] = name
+            continue
+        lines = [f"FROM scratch AS {ARTIFACT_PREFIX}{name}"]
+        lines += [f"COPY --from={name} {path} {path}" for path in registry[name].exports]
+        blocks.append((f"artifact of {name}", "\n".join(lines) + "\n"))
+        artifact_targets[name] = ARTIFACT_PREFIX + name
+    blocks.append(("image", f"FROM {plan.target} AS {FINAL}\n"))
+    text = render_dockerfile(blocks, manifest=str(plan.manifest.path), target=plan.target)
+    return Run(dockerfile=text, contexts=dict(contexts), artifact_targets=artifact_targets)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerCache:
+    """BuildKit's own layer cache, per stage, in a directory or a registry repository."""
+
+    location: str
+    modes: Mapping[str, str]   # stage -> "min" | "max"
+
+    def _local(self) -> bool:
+        return self.location.startswith(("/", ".")) or registry_host(self.location) is None
+
+    def cache_to(self, stage: str) -> str:
+        mode = self.modes.get(stage, "min")
+        if self._local():
+            return f"type=local,dest={Path(self.location) / stage},mode={mode}"
+        return f"type=registry,ref={self.location}/{stage}:buildcache,mode={mode}"
+
+    def cache_from(self) -> list[str]:
+        if self._local():
+            return [f"type=local,src={d}" for d in sorted(Path(self.location).glob("*"))
+                    if (d / "index.json").exists()]
+        return [f"type=registry,ref={self.location}/{s}:buildcache" for s in sorted(self.modes)]
+
+
+def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], platform: str,
+              push: bool, artifact_dirs: Mapping[str, Path],
+              source_date_epoch: int | None = None,
+              layer_cache: LayerCache | None = None,
+              sbom_generator: str | None = None,
+              secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A docker-bake.json building the image and exporting every new artifact in one go.
+    `secrets` (id -> file) reach only the RUN steps that mount them, never a layer."""
+    common: dict[str, Any] = {
+        "context": str(workdir / "context"),
+        "dockerfile": str(workdir / "Dockerfile"),
+        "contexts": dict(sorted(run.contexts.items())),
+        "platforms": [platform],
+    }
+    if secrets:
+        common["secret"] = [f"id={key},src={path}" for key, path in sorted(secrets.items())]
+    if layer_cache is not None and layer_cache.cache_from():
+        common["cache-from"] = layer_cache.cache_from()
+    image: dict[str, Any] = {**common, "target": FINAL, "tags": [tag], "labels": dict(labels),
+                             "output": ["type=registry" if push else "type=docker"]}
+    if source_date_epoch is not None:
+        # BuildKit stamps the image config with it: same lock, same config.
+        image["args"] = {"SOURCE_DATE_EPOCH": str(source_date_epoch)}
+    if push:
+        # Provenance of what a registry serves; it records build args, so secrets never
+        # travel as build args (BuildKit secrets only).
+        image["attest"] = ["type=provenance,mode=max"]
+        if sbom_generator:
+            image["attest"].append(f"type=sbom,generator={sbom_generator}")
+    targets: dict[str, Any] = {"image": image}
+    for stage, target in run.artifact_targets.items():
+        targets[f"artifact-{stage}"] = {
+            **common, "target": target,
+            "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false"],
+        }
+        if layer_cache is not None:
+            # The stage itself (not its artifact), so the mode applies to its own steps.
+            targets[f"layer-cache-{stage}"] = {
+                **common, "target": stage, "output": ["type=cacheonly"],
+                "cache-to": [layer_cache.cache_to(stage)],
+            }
+    return {"group": {"default": {"targets": list(targets)}}, "target": targets}
+
+
+def standalone_bake(plan: Plan, *, sources: Mapping[str, str], tag: str,
+                    labels: Mapping[str, str]) -> dict[str, Any]:
+    """`invoke render --format bake`: a docker-bake.json with one target per stage, each
+    stage's Dockerfile inline and the stages it builds on linked as `target:` contexts, for
+    teams that drive bake or a remote BuildKit fleet directly. No artifact cache: bake and
+    BuildKit's own layer cache decide what to rebuild."""
+    targets: dict[str, Any] = {}
+    for stage in plan.stages:
+        contexts = {dep: f"target:{dep}" for dep in _referenced(stage.recipe)}
+        contexts.update({src.name: sources[src.name] for src in stage.sources})
+        contexts.update({name: path for name, (path, _) in stage.local_dirs.items()})
+        target: dict[str, Any] = {
+            "context": ".",
+            "dockerfile-inline": _hcl_literal(stage.recipe),
+            "target": stage.name,
+            "platforms": [str(plan.manifest.image["platform"])],
+        }
+        if contexts:
+            target["contexts"] = dict(sorted(contexts.items()))
+        targets[stage.name] = target
+    final = targets[plan.target]
+    final["tags"] = [tag]
+    final["labels"] = dict(labels)
+    return {"group": {"default": {"targets": [plan.target]}}, "target": targets}
+
+
+def _hcl_literal(text: str) -> str:
+    """Bake reads JSON files as HCL, where "${" and "%{" start templates; the Dockerfile's own
+    `${VAR}` must reach BuildKit unchanged."""
+    return text.replace("${", "$${").replace("%{", "%%{")
+
+
+def _referenced(block: str) -> list[str]:
+    """Stages a block names in FROM (its parent) and COPY --from (what it gathers)."""
+    names: list[str] = []
+    for line in block.splitlines():
+        words = line.split()
+        if words[:1] == ["FROM"] and len(words) == 4 and words[2] == "AS" and "/" not in words[1] \
+                and ":" not in words[1]:
+            names.append(words[1])
+        names += [w.split("=", 1)[1] for w in words if w.startswith("--from=")]
+    return sorted(set(names))

@@ -1,0 +1,1 @@
+"""imageforge's sources modules (see docs/architecture.md)."""
