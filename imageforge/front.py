@@ -409,6 +409,8 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     it is known. A failed check raises ImageCheckError after the image is tagged."""
     from imageforge.buildkit import build as build_mod
     from imageforge.buildkit import export
+    from imageforge.buildkit.results import BuildOptions
+    from imageforge.image.buildreport import markdown_summary, summary
     from imageforge.sources import cabundle
 
     progress = progress_mode(request.progress)
@@ -417,20 +419,20 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     s = settings(config, flags, layer_cache=True)
     _, code_target = code_overrides(flags.code, flags.program, request.target, s.registry)
     target = _target(s, code_target)
-    options = build_mod.BuildOptions(target=target, tag=request.tag, push=request.push,
-                                     builder=request.builder, progress=progress,
-                                     dry_run=request.dry_run, ca_bundle=bundle,
-                                     expect_key=request.expect_key)
+    options = BuildOptions(target=target, tag=request.tag, push=request.push,
+                           builder=request.builder, progress=progress,
+                           dry_run=request.dry_run, ca_bundle=bundle,
+                           expect_key=request.expect_key)
     if request.output is not None:
         export.check_destination(Path(request.output))
     result = build_mod.build(s, options)
     if result is None:
         return
-    yield build_mod.summary(result)
+    yield summary(result)
     if request.output is not None:
         yield (f"exported {result.target}'s files to "
                f"{export.export(s, result.target, Path(request.output))}")
-    _write_summaries(config, request.summary, build_mod.markdown_summary(result))
+    _write_summaries(config, request.summary, markdown_summary(result))
     if not request.test or not project.is_image(s, target):
         return
     if request.push:
@@ -466,7 +468,7 @@ class CheckRequest:
 def test_image(config: Config, flags: Flags, request: CheckRequest) -> Iterator[str]:
     """Run an image target's checks in a built image; the lines to print. ImageCheckError
     (exit 10) names every failed check."""
-    from imageforge.buildkit.build import default_tag
+    from imageforge.image.labels import default_tag
 
     s = settings(config, flags)
     if request.target is not None and not project.is_image(s, request.target):
@@ -643,6 +645,8 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
     """Build every image of a matrix (a key several share is built once), each followed by
     its checks; the matrix report goes to the cache's reports/ and to `report`."""
     from imageforge.buildkit import build as build_mod
+    from imageforge.buildkit.results import BuildOptions
+    from imageforge.image.buildreport import summary
     from imageforge.model import matrix as matrix_mod
 
     path = _matrix_file(file, "matrix.build")
@@ -653,10 +657,9 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
         s = _entry_settings(config, entry)
         target = _target(s, entry.target)
         yield f"== {entry.label}: {target}"
-        result = build_mod.build(s, build_mod.BuildOptions(target=target, tag=entry.tag,
-                                                           progress=mode))
+        result = build_mod.build(s, BuildOptions(target=target, tag=entry.tag, progress=mode))
         assert result is not None
-        yield build_mod.summary(result)
+        yield summary(result)
         if test and project.is_image(s, target):
             yield from check_image(s, project.plan(s, target), result.tag)
         results.append({"image": entry.label, "target": target, "tag": result.tag,

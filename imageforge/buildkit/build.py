@@ -10,123 +10,36 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import shutil
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from imageforge import log
-from imageforge.buildkit import bakefail
-from imageforge.buildkit.docker import LABEL_PREFIX, ensure_ready
-from imageforge.buildkit.progress import BuildProgress, Mode, read_statuses
+from imageforge.buildkit import bake, dryrun
+from imageforge.buildkit.bake import absolute_if_local
+from imageforge.buildkit.docker import ensure_ready
+from imageforge.buildkit.progress import BuildProgress
+from imageforge.buildkit.results import BuildOptions, BuildResult, StageResult
+from imageforge.buildkit.sbom import ensure_sbom_generator
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cache.keylock import locked_all
 from imageforge.cache.remote import Remote
-from imageforge.cmd import docker, docker_binary, popen, run
+from imageforge.cache.transfer import push_entries
+from imageforge.cmd import docker, docker_binary
 from imageforge.errors import (
-    BuildError,
     CacheError,
-    DockerError,
-    FatalError,
-    Interrupted,
     LockError,
 )
+from imageforge.image.buildreport import write_report
+from imageforge.image.labels import default_tag, image_metadata
 from imageforge.jsonfile import read_object
 from imageforge.model import extends
-from imageforge.planning import localtree, project, rules
+from imageforge.planning import localtree, project
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
-from imageforge.planning.execute import LayerCache, Run, bake_file, make_run, reused, to_build
+from imageforge.planning.execute import LayerCache, bake_file, make_run, reused, to_build
 from imageforge.planning.plan import Plan
-from imageforge.sources.sources import Source, SourceCache
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BuildOptions:
-    target: str
-    tag: str | None = None
-    push: bool = False
-    builder: str | None = None
-    progress: Mode = "auto"
-    dry_run: bool = False
-    # The CA bundle of a TLS-intercepting proxy, for build steps that download (a secret).
-    ca_bundle: Path | None = None
-    # The target's key a generated CI job was made for: any other key is refused unbuilt.
-    expect_key: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StageResult:
-    name: str
-    key: str
-    state: str
-    seconds: float
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BuildResult:
-    target: str
-    tag: str
-    stages: tuple[StageResult, ...]
-    seconds: float
-    report: Path | None
-    image_digest: str | None = None
-
-    @property
-    def rebuilt(self) -> list[str]:
-        return [s.name for s in self.stages if s.state == "built"]
-
-
-def default_tag(planned: Plan) -> str:
-    name = planned.manifest.image.get("name") or planned.target
-    return f"imageforge/{name}:{planned.target}-{planned.key[7:19]}"
-
-
-def project_revision() -> str:
-    """The git revision of the imageforge checkout that renders the recipes."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = run(["git", "-C", str(root), "rev-parse", "HEAD"], text=True, timeout=10)
-    except (FatalError, subprocess.TimeoutExpired):     # no git, or a hung file system
-        return "unknown"
-    return head.stdout.strip() if head.returncode == 0 else "unknown"
-
-
-def image_metadata(settings: project.Settings, planned: Plan) -> tuple[dict[str, str], int | None]:
-    """The labels of the final image and its SOURCE_DATE_EPOCH (from the lock)."""
-    values = labels(planned)
-    values[f"{LABEL_PREFIX}.revision"] = project_revision()
-    values["org.opencontainers.image.revision"] = values[f"{LABEL_PREFIX}.revision"]
-    current = project.current_lock(settings)
-    epoch = None
-    if current is not None:
-        found, digest = current
-        values[f"{LABEL_PREFIX}.lock-digest"] = digest
-        epoch = found.source_date_epoch
-    if epoch is not None:
-        values["org.opencontainers.image.created"] = datetime.fromtimestamp(
-            epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return values, epoch
-
-
-def labels(planned: Plan) -> dict[str, str]:
-    """OCI labels: what the image is made of. Never secrets: labels are public."""
-    values = {
-        "org.opencontainers.image.title": planned.target,
-        f"{LABEL_PREFIX}.target": planned.target,
-        f"{LABEL_PREFIX}.manifest": planned.manifest.path.name,
-        f"{LABEL_PREFIX}.manifest-digest": planned.manifest.digest(),
-        f"{LABEL_PREFIX}.base": str(planned.manifest.image["base"]),
-    }
-    for stage in planned.stages:
-        values[f"{LABEL_PREFIX}.key.{stage.name}"] = stage.key
-        if stage.inputs.get("version"):
-            values[f"{LABEL_PREFIX}.version.{stage.name}"] = str(stage.inputs["version"])
-    return values | rules.labels(planned.manifest, registry=planned.registry)
 
 
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:
@@ -154,7 +67,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                         "changed since the pipeline was generated; run `invoke ci.generate` "
                         "again.")
     if options.dry_run:
-        _print_dry_run(settings, planned, options)
+        dryrun.print_dry_run(settings, planned, options)
         return None
     if not options.builder and not options.push and not to_build(planned):
         unchanged = _unchanged(settings, planned, store, options.tag or default_tag(planned))
@@ -260,15 +173,15 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         (workdir / "Dockerfile").write_text(run.dockerfile)
         image_labels, epoch = image_metadata(settings, planned)
         generator = ensure_sbom_generator() if options.push else None
-        layers = LayerCache(location=_absolute_if_local(settings.layer_cache),
+        layers = LayerCache(location=absolute_if_local(settings.layer_cache),
                             modes={n: planned.registry[n].layer_cache for n in building}) \
             if settings.layer_cache else None
-        bake = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
+        spec = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
                          platform=str(planned.manifest.image["platform"]), push=options.push,
                          artifact_dirs=artifact_dirs, source_date_epoch=epoch,
                          layer_cache=layers, sbom_generator=generator,
                          secrets=_secrets(options))
-        (workdir / "bake.json").write_text(json.dumps(bake, indent=2))
+        (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
         progress = BuildProgress([s.name for s in planned.stages], options.progress)
         for name in contexts:
             if name in progress.stages:
@@ -277,7 +190,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         argv = [docker_binary(), *builder_args(options.builder), "bake", "-f",
                 str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
                 str(workdir / "metadata.json")]
-        _run_bake(argv, progress, env, cache=store.root,
+        bake.run_bake(argv, progress, env, cache=store.root,
                   push=tag if options.push else None, outputs=list(artifact_dirs.values()))
         metadata = read_object(workdir / "metadata.json") or {}
         _keep_artifacts(store, planned, building, artifact_dirs, progress)
@@ -307,23 +220,6 @@ def _secrets(options: BuildOptions) -> dict[str, str]:
     return {CA_BUNDLE_SECRET: str(options.ca_bundle)} if options.ca_bundle else {}
 
 
-SBOM_GENERATOR = "imageforge/sbom-scanner:1"
-
-
-def ensure_sbom_generator() -> str:
-    """The SBOM generator image BuildKit runs for pushed images: ours (sbom/, offline: it
-    lists Debian packages and Python distributions as SPDX), built locally when absent."""
-    if docker("image", "inspect", SBOM_GENERATOR).returncode != 0:
-        context = Path(__file__).resolve().parents[2] / "sbom"
-        result = docker("buildx", "build", "--load", "--tag", SBOM_GENERATOR, str(context),
-                        timeout=600)
-        if result.returncode != 0:
-            last = result.stderr.decode(errors="replace").strip().splitlines()[-1:]
-            raise BuildError(f"could not build the SBOM generator image {SBOM_GENERATOR}: "
-                             f"{' '.join(last)}")
-    return SBOM_GENERATOR
-
-
 def builder_args(builder: str | None) -> list[str]:
     """`buildx` with the builder chosen: a Docker engine's own builder is reached through its
     docker context (buildx refuses `--builder` for those), any other with --builder."""
@@ -334,151 +230,12 @@ def builder_args(builder: str | None) -> list[str]:
     return ["buildx", "--builder", builder]
 
 
-def _absolute_if_local(location: str) -> str:
-    path = Path(location)
-    return str(path.resolve()) if path.exists() or location.startswith((".", "/")) or \
-        "/" not in location else location
-
-
-BAKE_ATTEMPTS = 3
-
-
-def _run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *,
-              cache: Path, push: str | None, outputs: Sequence[Path] = ()) -> None:
-    """Run the bake, showing its progress. A bake that lost only containerd's blob-lock race
-    runs again (its half-written `outputs` removed first); any other failure raises."""
-    other: list[str] = []
-    with progress:
-        for attempt in range(1, BAKE_ATTEMPTS + 1):
-            other.clear()
-            code = _bake_once(argv, progress, env, other)
-            if code == 0:
-                progress.succeeded()
-                return
-            failed_stage = any(s.state == "failed" for s in progress.stages.values())
-            if failed_stage or attempt == BAKE_ATTEMPTS or not bakefail.contended("\n".join(other)):
-                break
-            log.warning(f"BuildKit lost a race for a blob lock in containerd while exporting "
-                        f"(attempt {attempt} of {BAKE_ATTEMPTS}); running the bake again, "
-                        "every step is cached.")
-            for output in outputs:
-                shutil.rmtree(output, ignore_errors=True)
-    failed = [s for s in progress.stages.values() if s.state == "failed"]
-    # A stopped daemon, a full disk or a failing registry is not the recipe's fault.
-    known = bakefail.explain("\n".join([*other, *(s.error or "" for s in failed)]),
-                             cache=cache, push=push)
-    if known is not None:
-        raise known
-    if failed:
-        stage = failed[0]
-        tail = "\n".join(f"    {line}" for line in list(stage.log)[-15:])
-        raise BuildError(f"stage {stage.name} failed: {stage.error}\n{tail}")
-    detail = "\n".join(f"    {line}" for line in other[-10:]) or "    (no output)"
-    raise BuildError(f"docker buildx bake failed (exit {code}):\n{detail}")
-
-
-def _bake_once(argv: list[str], progress: BuildProgress, env: Mapping[str, str],
-               other: list[str]) -> int:
-    with popen(argv, env=env, error=DockerError) as proc:
-        assert proc.stderr is not None
-        try:
-            for status in read_statuses(proc.stderr, other):
-                progress.feed(status)
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(timeout=30)
-            raise Interrupted("build interrupted; BuildKit stopped, nothing was stored or "
-                              "tagged.") from None
-        return proc.wait()
-
-
 def _keep_artifacts(store: ArtifactStore, planned: Plan, building: list[str],
                     artifact_dirs: Mapping[str, Path], progress: BuildProgress) -> None:
     for name in building:
         stage = planned.stage(name)
         store.add(key=stage.key, stage=name, inputs=stage.inputs, layout=artifact_dirs[name],
                   build_seconds=progress.stages[name].seconds)
-
-
-def push_entries(store: ArtifactStore, remote: Remote, keys: Sequence[str], *,
-                 required: bool = False) -> list[str]:
-    """Push local artifacts to the registry. A failure is a warning (the build stands),
-    or with `required` (cache.push, whose only job this is) a CacheError."""
-    entries = [e for e in (store.get(k) for k in keys) if e is not None]
-    if not entries:
-        return []
-    targets = {
-        f"push-{i}": {"dockerfile-inline": "FROM artifact\n", "context": str(store.root),
-                      "contexts": {"artifact": e.context},
-                      "output": [f"type=registry,name={remote.ref(e.stage, e.key)}"]}
-        for i, e in enumerate(entries)
-    }
-    failure = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
-                                    "target": targets}, remote)
-    if failure is None:
-        return [e.key for e in entries]
-    if required:
-        raise CacheError(f"could not push {len(entries)} artifact(s) to {remote.repository} "
-                         f"({failure}); the local cache is unchanged: run cache.push again "
-                         "once the registry answers.")
-    remote_mod.warn_push_failed(remote, len(entries), failure)
-    return []
-
-
-def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[str, str]],
-                 ) -> list[str]:
-    """Download (stage, key) artifacts from the registry into the local store."""
-    scratch = store.scratch()
-    try:
-        dirs = {key: scratch / key[7:] for _, key in wanted}
-        targets = {
-            f"pull-{i}": {"dockerfile-inline": "FROM artifact\n", "context": str(scratch),
-                          "contexts": {"artifact": f"docker-image://{remote.ref(stage, key)}"},
-                          "output": [f"type=oci,dest={dirs[key]},tar=false"]}
-            for i, (stage, key) in enumerate(wanted)
-        }
-        if not targets:
-            return []
-        failure = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
-                                        "target": targets}, remote, outputs=list(dirs.values()))
-        if failure is not None:
-            raise CacheError(f"could not pull artifacts from {remote.repository} ({failure}); "
-                             "nothing was stored: check that it answers and that the "
-                             "credentials are right, then run again.")
-        for stage, key in wanted:
-            store.add(key=key, stage=stage, inputs={}, layout=dirs[key], build_seconds=0.0)
-        return [key for _, key in wanted]
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
-                  outputs: Sequence[Path] = ()) -> str | None:
-    """Run a bake that moves artifacts; None when it worked, else BuildKit's reason. Like a
-    build's bake, one that lost only containerd's blob-lock race runs again."""
-    scratch = store.scratch()
-    try:
-        (scratch / "bake.json").write_text(json.dumps(bake))
-        for attempt in range(1, BAKE_ATTEMPTS + 1):
-            proc = run([docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
-                        "--progress", "quiet"], env=remote.env, timeout=3600, error=CacheError,
-                       timed_out=f"moving artifacts to or from {remote.repository} took over "
-                                 "an hour; check the registry and run again.")
-            if proc.returncode == 0:
-                return None
-            output = proc.stderr.decode(errors="replace")
-            if attempt == BAKE_ATTEMPTS or not bakefail.contended(output):
-                break
-            log.warning(f"BuildKit lost a race for a blob lock in containerd moving artifacts "
-                        f"(attempt {attempt} of {BAKE_ATTEMPTS}); running it again.")
-            for path in outputs:
-                shutil.rmtree(path, ignore_errors=True)
-        known = bakefail.explain(output, cache=store.root)
-        if known is not None:
-            raise known
-        return bakefail.cause(output)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _save_last_build(settings: project.Settings, planned: Plan, building: list[str]) -> None:
@@ -493,80 +250,3 @@ def _save_last_build(settings: project.Settings, planned: Plan, building: list[s
         tmp = last / f".{name}.json.tmp"
         tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
         tmp.replace(last / f"{name}.json")
-
-
-def _print_dry_run(settings: project.Settings, planned: Plan, options: BuildOptions) -> None:
-    cache = project.source_cache(settings)
-    building = to_build(planned)
-    contexts = {src.name: str(_planned_path(cache, src))
-                for name in building for src in planned.stage(name).sources}
-    for name in reused(planned, building):
-        contexts[name] = f"<{planned.stage(name).status} artifact {planned.stage(name).key[:19]}>"
-    run: Run = make_run(planned, planned.registry, building, contexts)
-    workdir = settings.cache_dir.resolve() / "build" / planned.target
-    layers = LayerCache(location=_absolute_if_local(settings.layer_cache),
-                        modes={n: planned.registry[n].layer_cache for n in building}) \
-        if settings.layer_cache else None
-    bake = bake_file(run, workdir=workdir, tag=options.tag or default_tag(planned),
-                     labels=labels(planned), platform=str(planned.manifest.image["platform"]),
-                     push=options.push,
-                     artifact_dirs={n: workdir / "artifacts" / n for n in building},
-                     layer_cache=layers)
-    print("+ " + shlex.join([docker_binary(), "buildx", "bake", "-f",
-                             str(workdir / "bake.json"), "--progress", "rawjson"]))
-    print(f"# stages to build: {', '.join(building) or 'none'}")
-    print("# bake.json")
-    print(json.dumps(bake, indent=2))
-    print("# Dockerfile")
-    print(run.dockerfile, end="")
-
-
-def _planned_path(cache: SourceCache, source: Source) -> Path:
-    """Where a source's context will live; unlocked sources have no address yet."""
-    try:
-        return cache.path_for(source)
-    except LockError:
-        return Path(f"<unlocked: run invoke lock>/{source.name}")
-
-
-def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
-    """cache/reports/<timestamp>-<target>.json: what was built, how, and how long it took."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    report = {
-        "target": result.target,
-        "manifest": project.manifest_label(planned.manifest.path),
-        "manifest_digest": planned.manifest.digest(),
-        "tag": result.tag,
-        "image_digest": result.image_digest,
-        "seconds": result.seconds,
-        "stages": [dataclasses.asdict(s) for s in result.stages],
-    }
-    reports = cache_dir / "reports"
-    reports.mkdir(parents=True, exist_ok=True)
-    path = reports / f"{stamp}-{result.target}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def markdown_summary(result: BuildResult) -> str:
-    """The build as a Markdown table, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)."""
-    rebuilt = ", ".join(result.rebuilt) or "nothing (every stage came from the cache)"
-    lines = [f"### imageforge build: {result.target}", "",
-             f"Image `{result.tag}`" + (f" `{result.image_digest}`" if result.image_digest else ""),
-             f"in {result.seconds:.1f} s; rebuilt: {rebuilt}.", "",
-             "| stage | result | seconds | key |", "|---|---|---:|---|"]
-    lines += [f"| {s.name} | {s.state} | {s.seconds:.1f} | `{s.key[7:19]}` |"
-              for s in result.stages]
-    return "\n".join(lines) + "\n"
-
-
-def summary(result: BuildResult) -> str:
-    lines = [f"{'stage':<18} {'result':<8} {'seconds':>8}"]
-    lines += [f"{s.name:<18} {s.state:<8} {s.seconds:>8.1f}" for s in result.stages]
-    lines.append(f"image {result.tag}  ({result.seconds:.1f}s)")
-    rebuilt = result.rebuilt
-    lines.append(f"rebuilt: {', '.join(rebuilt)}" if rebuilt
-                 else "nothing rebuilt: every stage came from the artifact cache")
-    return "\n".join(lines)

@@ -8,9 +8,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from imageforge.buildkit.build import pull_entries, push_entries
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.remote import RemoteUnavailable
+from imageforge.cache.transfer import pull_entries, push_entries
 from imageforge.errors import CacheError, UsageError
 from imageforge.jsonfile import read_object
 from imageforge.planning import project

@@ -23,7 +23,8 @@ import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from imageforge import log
-from imageforge.buildkit.build import BuildOptions, build
+from imageforge.buildkit.build import build
+from imageforge.buildkit.results import BuildOptions
 from imageforge.cache import remote as remote_mod
 from imageforge.cmd import docker
 from imageforge.errors import FatalError, RegistryError, UsageError

@@ -308,7 +308,7 @@ def dockerfile(planned: Plan) -> str:
 
 def bake(settings: Settings, planned: Plan) -> dict[str, Any]:
     """The docker-bake.json equivalent of building `planned` (render --format bake)."""
-    from imageforge.buildkit.build import default_tag, labels
+    from imageforge.image.labels import default_tag, labels
     from imageforge.planning.execute import standalone_bake
 
     cache = source_cache(settings)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.buildkit import build
+from imageforge.buildkit import bake
 from imageforge.buildkit.bakefail import contended
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.errors import BuildError
@@ -55,7 +55,7 @@ def _docker(tmp_path: Path, failures: list[str]) -> Path:
 
 def _bake(tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
-    build._run_bake([str(script), "buildx", "bake"], BuildProgress(["a"], "plain"), {},
+    bake.run_bake([str(script), "buildx", "bake"], BuildProgress(["a"], "plain"), {},
                     cache=tmp_path / "cache", push=None, outputs=[tmp_path / "out"])
     return int((tmp_path / "count").read_text())
 
@@ -73,7 +73,7 @@ def test_lock_races_that_persist_fail_after_three_attempts_with_buildkits_words(
     script = _docker(tmp_path, [LOCKED.format(took=f"{n}s") for n in range(5)])
     with pytest.raises(BuildError, match="locked for 2s"):
         _bake(tmp_path, script, monkeypatch)
-    assert (tmp_path / "count").read_text().strip() == str(build.BAKE_ATTEMPTS)
+    assert (tmp_path / "count").read_text().strip() == str(bake.BAKE_ATTEMPTS)
 
 
 def test_any_other_failure_is_not_retried(tmp_path: Path,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imageforge.buildkit.build import BuildOptions, build
+from imageforge.buildkit.build import build
+from imageforge.buildkit.results import BuildOptions
 from imageforge.errors import LockError
 from imageforge.image import cigen
 from imageforge.planning import project

@@ -17,7 +17,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 import tasks
-from imageforge.buildkit.build import BuildResult
+from imageforge.buildkit.results import BuildResult
 from imageforge.errors import ImageCheckError
 from imageforge.image import checkreport, checks, smoke
 from imageforge.image.checks import CheckResult, CheckRun, PlannedCheck

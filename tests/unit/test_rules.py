@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from imageforge.buildkit.build import labels
 from imageforge.errors import CompatibilityError, LockError, ManifestError
+from imageforge.image.labels import labels
 from imageforge.model.manifest import Manifest, load
 from imageforge.planning import project, rules
 from sample.serve import ServerHandle

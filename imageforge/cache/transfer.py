@@ -1,0 +1,101 @@
+"""Moving artifacts between the local store and the registry cache, through BuildKit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from imageforge import log
+from imageforge.buildkit import bakefail
+from imageforge.buildkit.bake import BAKE_ATTEMPTS
+from imageforge.cache import remote as remote_mod
+from imageforge.cache.artifacts import ArtifactStore
+from imageforge.cache.remote import Remote
+from imageforge.cmd import docker_binary, run
+from imageforge.errors import (
+    CacheError,
+)
+
+
+def push_entries(store: ArtifactStore, remote: Remote, keys: Sequence[str], *,
+                 required: bool = False) -> list[str]:
+    """Push local artifacts to the registry. A failure is a warning (the build stands),
+    or with `required` (cache.push, whose only job this is) a CacheError."""
+    entries = [e for e in (store.get(k) for k in keys) if e is not None]
+    if not entries:
+        return []
+    targets = {
+        f"push-{i}": {"dockerfile-inline": "FROM artifact\n", "context": str(store.root),
+                      "contexts": {"artifact": e.context},
+                      "output": [f"type=registry,name={remote.ref(e.stage, e.key)}"]}
+        for i, e in enumerate(entries)
+    }
+    failure = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
+                                    "target": targets}, remote)
+    if failure is None:
+        return [e.key for e in entries]
+    if required:
+        raise CacheError(f"could not push {len(entries)} artifact(s) to {remote.repository} "
+                         f"({failure}); the local cache is unchanged: run cache.push again "
+                         "once the registry answers.")
+    remote_mod.warn_push_failed(remote, len(entries), failure)
+    return []
+
+
+def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[str, str]],
+                 ) -> list[str]:
+    """Download (stage, key) artifacts from the registry into the local store."""
+    scratch = store.scratch()
+    try:
+        dirs = {key: scratch / key[7:] for _, key in wanted}
+        targets = {
+            f"pull-{i}": {"dockerfile-inline": "FROM artifact\n", "context": str(scratch),
+                          "contexts": {"artifact": f"docker-image://{remote.ref(stage, key)}"},
+                          "output": [f"type=oci,dest={dirs[key]},tar=false"]}
+            for i, (stage, key) in enumerate(wanted)
+        }
+        if not targets:
+            return []
+        failure = _bake_quietly(store, {"group": {"default": {"targets": list(targets)}},
+                                        "target": targets}, remote, outputs=list(dirs.values()))
+        if failure is not None:
+            raise CacheError(f"could not pull artifacts from {remote.repository} ({failure}); "
+                             "nothing was stored: check that it answers and that the "
+                             "credentials are right, then run again.")
+        for stage, key in wanted:
+            store.add(key=key, stage=stage, inputs={}, layout=dirs[key], build_seconds=0.0)
+        return [key for _, key in wanted]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
+                  outputs: Sequence[Path] = ()) -> str | None:
+    """Run a bake that moves artifacts; None when it worked, else BuildKit's reason. Like a
+    build's bake, one that lost only containerd's blob-lock race runs again."""
+    scratch = store.scratch()
+    try:
+        (scratch / "bake.json").write_text(json.dumps(bake))
+        for attempt in range(1, BAKE_ATTEMPTS + 1):
+            proc = run([docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
+                        "--progress", "quiet"], env=remote.env, timeout=3600, error=CacheError,
+                       timed_out=f"moving artifacts to or from {remote.repository} took over "
+                                 "an hour; check the registry and run again.")
+            if proc.returncode == 0:
+                return None
+            output = proc.stderr.decode(errors="replace")
+            if attempt == BAKE_ATTEMPTS or not bakefail.contended(output):
+                break
+            log.warning(f"BuildKit lost a race for a blob lock in containerd moving artifacts "
+                        f"(attempt {attempt} of {BAKE_ATTEMPTS}); running it again.")
+            for path in outputs:
+                shutil.rmtree(path, ignore_errors=True)
+        known = bakefail.explain(output, cache=store.root)
+        if known is not None:
+            raise known
+        return bakefail.cause(output)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,55 @@
+"""The report of a build: JSON in the cache directory, a table and a Markdown summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from imageforge.buildkit.results import BuildResult
+from imageforge.planning import project
+from imageforge.planning.plan import Plan
+
+
+def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
+    """cache/reports/<timestamp>-<target>.json: what was built, how, and how long it took."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    report = {
+        "target": result.target,
+        "manifest": project.manifest_label(planned.manifest.path),
+        "manifest_digest": planned.manifest.digest(),
+        "tag": result.tag,
+        "image_digest": result.image_digest,
+        "seconds": result.seconds,
+        "stages": [dataclasses.asdict(s) for s in result.stages],
+    }
+    reports = cache_dir / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    path = reports / f"{stamp}-{result.target}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def markdown_summary(result: BuildResult) -> str:
+    """The build as a Markdown table, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)."""
+    rebuilt = ", ".join(result.rebuilt) or "nothing (every stage came from the cache)"
+    lines = [f"### imageforge build: {result.target}", "",
+             f"Image `{result.tag}`" + (f" `{result.image_digest}`" if result.image_digest else ""),
+             f"in {result.seconds:.1f} s; rebuilt: {rebuilt}.", "",
+             "| stage | result | seconds | key |", "|---|---|---:|---|"]
+    lines += [f"| {s.name} | {s.state} | {s.seconds:.1f} | `{s.key[7:19]}` |"
+              for s in result.stages]
+    return "\n".join(lines) + "\n"
+
+
+def summary(result: BuildResult) -> str:
+    lines = [f"{'stage':<18} {'result':<8} {'seconds':>8}"]
+    lines += [f"{s.name:<18} {s.state:<8} {s.seconds:>8.1f}" for s in result.stages]
+    lines.append(f"image {result.tag}  ({result.seconds:.1f}s)")
+    rebuilt = result.rebuilt
+    lines.append(f"rebuilt: {', '.join(rebuilt)}" if rebuilt
+                 else "nothing rebuilt: every stage came from the artifact cache")
+    return "\n".join(lines)
