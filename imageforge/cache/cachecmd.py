@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from imageforge.cache import remote as remote_mod
@@ -103,8 +102,7 @@ def pull(settings: project.Settings, target: str) -> str:
         missing = [s for s in project.plan(settings, target).stages if s.status == "build"]
         try:
             # Asked directly: planning would take an unreachable registry for an empty one.
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                found = list(pool.map(lambda s: remote.exists(s.name, s.key), missing))
+            found = remote.holds([(s.name, s.key) for s in missing])
         except RemoteUnavailable as exc:
             raise CacheError(f"remote cache {settings.remote} is unreachable ({exc}); nothing "
                              "was pulled: run cache.pull again once it answers.") from None

@@ -15,6 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -35,6 +36,10 @@ def registry_host(ref: str) -> str | None:
     that looks like a host: has a dot, a port, or is localhost), if it names one."""
     first = ref.split("/", 1)[0]
     return first if "/" in ref and ("." in first or ":" in first or first == "localhost") else None
+
+
+# Registry questions in flight at once: planning, cache.pull and ci.generate all ask this many.
+HOLDS_AT_ONCE = 4
 
 
 class RemoteUnavailable(Exception):
@@ -72,6 +77,12 @@ class Remote:
                              "IMAGEFORGE_REGISTRY_USER/IMAGEFORGE_REGISTRY_PASSWORD or "
                              "`docker login`.")
         raise RemoteUnavailable(error.splitlines()[-1] if error else "unknown error")
+
+    def holds(self, artifacts: Sequence[tuple[str, str]]) -> list[bool]:
+        """Whether the registry holds each (stage, key), asking HOLDS_AT_ONCE at a time;
+        RemoteUnavailable when it cannot tell."""
+        with ThreadPoolExecutor(max_workers=HOLDS_AT_ONCE) as pool:
+            return list(pool.map(lambda artifact: self.exists(*artifact), artifacts))
 
 
 def check_repository(repository: str) -> str:

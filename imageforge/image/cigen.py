@@ -22,7 +22,6 @@ from typing import Literal
 
 from imageforge.cache.remote import Remote, RemoteUnavailable
 from imageforge.errors import CacheError
-from imageforge.planning import project
 from imageforge.planning.execute import is_external
 from imageforge.planning.plan import Plan
 
@@ -176,7 +175,7 @@ def registry_holds(remote: Remote) -> Callable[[Iterable[tuple[str, str]]], set[
     def holds(pairs: Iterable[tuple[str, str]]) -> set[str]:
         pairs = list(pairs)
         try:
-            found = project.remote_holds(remote, pairs)
+            found = remote.holds(pairs)
         except RemoteUnavailable as exc:
             raise CacheError(f"remote cache {remote.repository}: {exc}; ci.generate needs the "
                              "registry to tell which keys it holds.") from None

@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -160,13 +159,6 @@ def plan(settings: Settings, target: str, *, remote: Remote | None = None,
     return with_statuses(planned, artifact_store(settings), remote)
 
 
-def remote_holds(remote: Remote, artifacts: Sequence[tuple[str, str]]) -> list[bool]:
-    """Whether the registry holds each (stage, key), asking four at a time;
-    RemoteUnavailable when it cannot tell."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(lambda artifact: remote.exists(*artifact), artifacts))
-
-
 def with_statuses(planned: Plan, store: ArtifactStore, remote: Remote | None) -> Plan:
     statuses: dict[str, Status] = {}
     missing = []
@@ -177,7 +169,7 @@ def with_statuses(planned: Plan, store: ArtifactStore, remote: Remote | None) ->
             missing.append(stage)
     if remote is not None and missing:
         try:
-            found = remote_holds(remote, [(s.name, s.key) for s in missing])
+            found = remote.holds([(s.name, s.key) for s in missing])
         except RemoteUnavailable as exc:
             warn_unavailable(remote, str(exc))
             found = [False] * len(missing)
