@@ -57,34 +57,44 @@ def _raw(stage: str) -> dict[str, Any]:
 
 
 def test_the_compatibility_data_keeps_every_value_of_compat_toml() -> None:
+    # Each module's parser is called on the file's text itself: the cached accessors
+    # (facts(), archs(), ...) may have parsed it before this test ran.
+    aliases = {}
     for path in (data_file(s) for s in ("nccl", "base", "efa", "aws-ofi-nccl", "torchvision",
                                         "smddp")):
         raw = tomllib.loads(path.read_text())
-        assert {rid: (r.id, r.source, r.fix) for rid, r in compat._parse(raw).rules.items()} == {
-            rid: (rid, r["source"], r["fix"]) for rid, r in raw["rules"].items()}
+        parsed = compat._parse(raw).rules
+        assert {rid: (r.id, r.source, r.fix, r.alias) for rid, r in parsed.items()} == {
+            rid: (rid, r["source"], r["fix"], r.get("alias")) for rid, r in raw["rules"].items()}
+        aliases.update({rid: r.alias for rid, r in parsed.items() if r.alias})
+    assert aliases == {"nccl-pytorch-pin": "stages.nccl.differs_from_pytorch"}
     plugin, efa = _raw("aws-ofi-nccl")["aws-ofi-nccl"], _raw("efa")
-    data, installers = aws_ofi_nccl_rules.facts(), efa_rules.installers()
+    data = aws_ofi_nccl_rules._parse(_raw("aws-ofi-nccl"))
+    installers = efa_rules.installers()
     assert data.with_nccl_unneeded_from == Version(plugin["with_nccl_unneeded_from"])
     assert installers.bundles_plugin_from == Version(efa["efa"]["bundles_plugin_from"])
     assert data.flag_since == {k: Version(v) for k, v in plugin["flag_since"].items()}
+    assert len(data.flag_since) > 1
     assert installers.libfabric == {k: Version(v) for k, v in efa["efa"]["libfabric"].items()}
-    assert torchvision_rules.built_for() == {
+    assert torchvision_rules._parse(_raw("torchvision")) == {
         str(k): str(v) for k, v in _raw("torchvision")["torchvision"].items()}
-    cuda_arch = base_rules.archs()
+    cuda_arch = base_rules._parse(_raw("base"))
     assert cuda_arch == {
         arch: base_rules.ArchSupport(since=Version(s["since"]),
                                      until=Version(s["until"]) if "until" in s else None)
         for arch, s in _raw("base")["cuda_arch"].items()}
     assert any(s.until is not None for s in cuda_arch.values())
-    assert smddp_rules.shipped() == {
+    assert any(s.until is None for s in cuda_arch.values())
+    assert smddp_rules._parse(_raw("smddp")) == {
         row["smddp"]: smddp_rules.Shipped(pytorch=row["pytorch"], cuda=row["cuda"])
         for row in _raw("smddp")["known_good"]}
     floors = [(installers.libfabric_min, efa["aws-ofi-nccl"]["libfabric_min"]),
               (data.platform_aws_libfabric_min, plugin["platform_aws_libfabric_min"]),
               (data.nccl_min, plugin["nccl_min"])]
-    for parsed, rows in floors:
-        assert [(str(f.over), f.minimum) for f in parsed] == [
+    for parsed_floors, rows in floors:
+        assert [(str(f.over), f.minimum) for f in parsed_floors] == [
             (str(SpecifierSet(row["plugin"])), Version(row["minimum"])) for row in rows]
+        assert len(rows) > 1
 
 
 def test_the_installer_suggested_is_the_oldest_that_bundles_enough_libfabric() -> None:
