@@ -56,7 +56,7 @@ def _raw(stage: str) -> dict[str, Any]:
     return tomllib.loads(data_file(stage).read_text())
 
 
-def test_the_compatibility_data_keeps_every_value_of_compat_toml() -> None:
+def test_each_rules_data_file_parses_to_every_value_it_holds() -> None:
     # Each module's parser is called on the file's text itself: the cached accessors
     # (facts(), archs(), ...) may have parsed it before this test ran.
     aliases = {}
