@@ -256,9 +256,11 @@ class ArtifactStore:
         """Remove work directories of processes that are gone (killed builds)."""
         if not self.tmp.exists():
             return
+        own = str(os.getpid())
         for path in self.tmp.iterdir():
             pid = path.name.split("-", 1)[0]
-            if pid.isdigit() and _alive(int(pid)):
+            # This process is alive by definition: its own work is never asked about.
+            if pid == own or (pid.isdigit() and _alive(int(pid))):
                 continue
             shutil.rmtree(path, ignore_errors=True)
 
