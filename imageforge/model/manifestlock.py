@@ -46,11 +46,6 @@ class ManifestLock:
         lockfile.check(self.manifest, self.lock, self.path, registry=self.registry,
                        settled=self.settled if self.lock is not None else None)
 
-    def judged(self) -> Manifest:
-        """What the rules judge: the manifest at the versions `lock --upgrade` moved to."""
-        return manifest_mod.with_versions(self.manifest, self.settled.lock().versions(),
-                                          registry=self.registry)
-
 
 def open_manifest(path: Path, overrides: tuple[str, ...], registry: Mapping[str, Stage]
                   ) -> ManifestLock:

@@ -265,7 +265,8 @@ def check(settings: Settings) -> list[str]:
                           local_id=local_ids(settings, "read"))
     pins = settled.pins()
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
-    judged = opened.judged()
+    judged = manifest_mod.with_versions(raw, settled.lock().versions(),
+                                        registry=settings.registry)
     verdict = rules.enforce(judged, pins, registry=settings.registry)
     lines = [f"note: {note}" for note in compat.notes(judged, registry=settings.registry)]
     lines += verdict.lines()
