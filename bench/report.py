@@ -34,6 +34,8 @@ class Measurement:
     # imageforge only: each stage's state in its own build report (cache/reports).
     report_states: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # imageforge only: its build report's seconds per phase of its own work (last run).
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
     # imageforge only: where its keys or its build report disagree with what it rebuilt
     # (each is also a note); any fails the scenario's target.
     faults: list[str] = dataclasses.field(default_factory=list)
@@ -136,6 +138,29 @@ def scenario_table(measurements: Sequence[Measurement], chain: Sequence[str]) ->
         ["scenario", "imageforge s", "baseline s", "baseline/imageforge", "imageforge CPU s",
          "baseline CPU s", "imageforge rebuilt", "baseline rebuilt"],
         rows, right=(1, 2, 3, 4, 5))
+
+
+# The phases of an imageforge build (imageforge/buildkit/results.Clock), in order.
+PHASES = ("plan", "check", "fetch", "render", "bake", "store", "push", "report")
+
+
+def phases_table(measurements: Sequence[Measurement]) -> str:
+    """Where each imageforge build's wall time went: its own phases, BuildKit's (bake, of
+    which export), and the rest of the process (start-up, imports, printing). A build
+    answered from its up-to-date record has no phases: all of it is start-up."""
+    rows = []
+    for m in measurements:
+        if m.tool != IMAGEFORGE:
+            continue
+        wall = m.seconds[-1] if m.seconds else float("nan")
+        own = sum(v for k, v in m.phases.items() if k in PHASES)
+        cells = [f"{m.phases[p]:.2f}" if p in m.phases else "-" for p in PHASES]
+        export = f"{m.phases['export']:.2f}" if "export" in m.phases else "-"
+        rows.append([m.label, seconds(wall), *cells, export,
+                     f"{wall - own:.2f}" if not math.isnan(wall) else "-"])
+    return markdown_table(["scenario", "wall s", *(f"{p} s" for p in PHASES),
+                           "of bake: export s", "start-up and rest s"],
+                          rows, right=tuple(range(1, len(PHASES) + 4)))
 
 
 def targets_table(targets: Sequence[Target]) -> str:

@@ -43,6 +43,7 @@ from bench.report import (
     IMAGEFORGE,
     Measurement,
     Target,
+    phases_table,
     plan_table,
     scenario_table,
     seconds,
@@ -312,10 +313,13 @@ class Bench:
         reports = self.cache / "reports"
         seen = set(reports.glob("*.json")) if reports.exists() else set()
         sets = [arg for o in overrides for arg in ("--set", o)]
-        argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "build", "--manifest",
+        # The `imageforge` command, as users run it: it answers an up-to-date build from its
+        # record (imageforge/uptodate.py), kept in the work directory.
+        argv = [str(Path(sys.executable).with_name("imageforge")), "build", "--manifest",
                 str(self.manifest), "--target", TARGET, "--no-test", "--progress", "plain",
                 "--tag", self.tag(IMAGEFORGE, scenario), *sets]
-        env = {**os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache)}
+        env = {**os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache),
+               "XDG_CACHE_HOME": str(self.work / "xdg-cache")}
         timed = self.timed(f"invoke build ({scenario})", argv, env)
         new = sorted(set(reports.glob("*.json")) - seen)
         if not new:
@@ -337,6 +341,7 @@ class Bench:
             m.seconds.append(round(timed.seconds, 3))
             m.cpu_seconds.append(round(timed.cpu_seconds, 3))
             m.report_states = {s["name"]: s["state"] for s in report["stages"]}
+            m.phases = {k: float(v) for k, v in report.get("phases", {}).items()}
             m.rebuilt = [name for name in m.report_states if name in added]
             m.rebuilt_units, m.total_units = len(m.rebuilt), len(m.report_states)
             for note in report_disagreements(m.report_states, m.rebuilt):
@@ -697,6 +702,9 @@ def render(result: Mapping[str, Any], measurements: Sequence[Measurement],
                      f"{result.get('background_load', 0):.0%}.")
         if notes:
             parts.append("\n".join(notes))
+    if measurements:
+        parts.append("Where imageforge's time went (last run of each scenario; seconds):\n\n"
+                     + phases_table(measurements))
     parts.append(plan_table(plans))
     profiled = [r for r in plans if r.get("profile")]
     for row in profiled:

@@ -12,12 +12,19 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from invoke.program import Program
+from imageforge import uptodate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
+    # Before anything else is imported: a build with nothing to do is answered from its
+    # record, and a build that ends up to date can record exactly what it read.
+    uptodate.start_watching()
+    if uptodate.answer(sys.argv[1:]):
+        return
+    from invoke.program import Program
+
     tasks_file = ROOT / "tasks.py"
     if not tasks_file.is_file():
         print(f"imageforge: no tasks.py in {ROOT}; install imageforge from a checkout "

@@ -33,6 +33,7 @@ from imageforge.sources.mirror import parse_rewrites
 
 if TYPE_CHECKING:
     from imageforge.buildkit.progress import Mode
+    from imageforge.buildkit.results import BuildResult
     from imageforge.image.cigen import Format
     from imageforge.image.nightly import NightlyOptions
     from imageforge.model.matrix import Entry, Planned
@@ -429,6 +430,10 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     if result is None:
         return
     yield summary(result)
+    will_test = request.test and project.is_image(s, target)
+    if result.uptodate and request.output is None and not request.summary and not will_test \
+            and not config.environ.get("GITHUB_STEP_SUMMARY"):
+        _remember(s, result)
     if request.output is not None:
         yield (f"exported {result.target}'s files to "
                f"{export.export(s, result.target, Path(request.output))}")
@@ -442,6 +447,23 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
         return
     yield ""
     yield from check_image(s, project.plan(s, target), result.tag)
+
+
+def _remember(s: project.Settings, result: BuildResult) -> None:
+    """Let `imageforge build` answer the same command from a record while nothing changes
+    (imageforge/uptodate.py); not after a warning, which the next build must give again."""
+    import sys
+
+    from imageforge import log, uptodate
+    from imageforge.buildkit.results import as_noop
+    from imageforge.image.buildreport import summary
+
+    facts = result.uptodate
+    if facts is None or log.warned:
+        return
+    uptodate.remember(sys.argv[1:], cache_dir=s.cache_dir, checkout=Path(__file__).parents[1],
+                      images=facts.images, entries=facts.entries, files=facts.files,
+                      report=facts.report, stdout=summary(as_noop(result)))
 
 
 def _write_summaries(config: Config, summary: str | None, text: str) -> None:

@@ -40,7 +40,14 @@ def _setup() -> None:
     LOGGER.setLevel(getattr(logging, name, logging.INFO))
 
 
+# How many warnings this process gave: a build that warned is never answered from a record
+# (imageforge/uptodate.py), so the next one warns again.
+warned = 0
+
+
 def warning(message: str) -> None:
+    global warned  # noqa: PLW0603 - a process-wide count
+    warned += 1
     LOGGER.warning(message)
 
 

@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,27 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def image_entry_problems(entry: Path, meta: dict[str, Any]) -> list[str]:
+    """An entry in the engine's image store: meta.json alone, whose name the engine holds
+    with the digest it records (asked through the docker CLI, not the engine's code)."""
+    extra = sorted(p.name for p in entry.iterdir() if p.name != "meta.json")
+    if extra:
+        return [f"{entry.name}: an image entry also holds {extra}"]
+    found = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", meta["image"]],
+                           capture_output=True, text=True, check=False, timeout=60)
+    if found.stdout.strip() != meta["digest"]:
+        return [f"{entry.name}: {meta['image']} is {found.stdout.strip() or 'gone'}, not "
+                f"{meta['digest']}"]
+    return []
+
+
 def entry_problems(entry: Path) -> list[str]:
-    """Why an artifact entry (an OCI layout plus meta.json) is not whole and intact."""
+    """Why an artifact entry (an OCI layout plus meta.json, or a name in the engine's image
+    store) is not whole and intact."""
+    if (entry / "meta.json").is_file():
+        meta = json.loads((entry / "meta.json").read_text())
+        if meta.get("image"):
+            return image_entry_problems(entry, meta)
     for name in ("meta.json", "index.json", "oci-layout"):
         if not (entry / name).is_file():
             return [f"{entry.name}: no {name}"]

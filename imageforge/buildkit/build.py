@@ -14,16 +14,25 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from imageforge import log
 from imageforge.buildkit import bake, dryrun
 from imageforge.buildkit.bake import absolute_if_local
 from imageforge.buildkit.docker import ensure_ready
 from imageforge.buildkit.progress import BuildProgress
-from imageforge.buildkit.results import BuildOptions, BuildResult, StageResult
+from imageforge.buildkit.results import (
+    BuildOptions,
+    BuildResult,
+    Clock,
+    StageResult,
+    UpToDate,
+    as_noop,
+)
 from imageforge.buildkit.sbom import ensure_sbom_generator
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.artifacts import ArtifactStore
+from imageforge.cache.imagestore import ImageStore
 from imageforge.cache.keylock import locked_all
 from imageforge.cache.remote import Remote
 from imageforge.cache.transfer import push_entries
@@ -32,18 +41,27 @@ from imageforge.errors import (
     CacheError,
     LockError,
 )
-from imageforge.image.buildreport import write_report
+from imageforge.image.buildreport import report_data, write_report
 from imageforge.image.labels import default_tag, image_metadata
 from imageforge.jsonfile import read_object
 from imageforge.model import extends
 from imageforge.planning import localtree, project
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
-from imageforge.planning.execute import LayerCache, bake_file, make_run, reused, to_build
+from imageforge.planning.execute import (
+    LayerCache,
+    bake_file,
+    image_artifacts,
+    is_external,
+    make_run,
+    reused,
+    to_build,
+)
 from imageforge.planning.plan import Plan
 
 
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:
-    store = project.artifact_store(settings)
+    clock = Clock()
+    store = project.artifact_store(settings, images=_image_store(options.builder))
     hosts = [remote_mod.check_repository(settings.remote).split("/", 1)[0]] \
         if settings.remote else []
     push_host = remote_mod.registry_host(options.tag) if options.push and options.tag else None
@@ -51,11 +69,11 @@ def build(settings: project.Settings, options: BuildOptions) -> BuildResult | No
         hosts.append(push_host)
     with remote_mod.credentials(hosts) as env:
         remote = Remote(repository=settings.remote, env=env) if settings.remote else None
-        return _build(settings, options, store, remote, env)
+        return _build(settings, options, store, remote, env, clock)
 
 
 def _build(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
-           remote: Remote | None, env: Mapping[str, str]) -> BuildResult | None:
+           remote: Remote | None, env: Mapping[str, str], clock: Clock) -> BuildResult | None:
     # A dry run contacts no upstream: a stale pin shows as unlocked in what it prints.
     planned = project.plan(settings, options.target, remote=remote,
                            resolve=not options.dry_run)
@@ -70,7 +88,9 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
         dryrun.print_dry_run(settings, planned, options)
         return None
     if not options.builder and not options.push and not to_build(planned):
-        unchanged = _unchanged(settings, planned, store, options.tag or default_tag(planned))
+        clock.lap("plan")
+        unchanged = _unchanged(settings, planned, store, options.tag or default_tag(planned),
+                               clock)
         if unchanged is not None:
             return unchanged
     ensure_ready(options.builder)
@@ -95,13 +115,13 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                 planned = project.with_statuses(fresh, store, remote)
                 continue
             return _execute(settings, options, store, remote, fresh, building, contexts,
-                            env)
+                            env, clock)
     raise CacheError("the artifact cache kept changing under this build (other builds or "
                      "prunes running); run it again.")
 
 
-def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, tag: str
-               ) -> BuildResult | None:
+def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, tag: str,
+               clock: Clock) -> BuildResult | None:
     """A build with nothing to do: every stage is cached and `tag` already is this plan's
     image, every label imageforge would give it equal (each stage's key, the manifest and
     lock digests, waivers, the imageforge revision). BuildKit is not called at all; None
@@ -129,9 +149,39 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
     results = tuple(StageResult(name=s.name, key=s.key,
                                 state="remote" if s.status == "remote" else "cached",
                                 seconds=0.0) for s in planned.stages)
+    clock.lap("check")
     result = BuildResult(target=planned.target, tag=tag, stages=results, seconds=0.0,
-                         report=None, image_digest=image_id)
-    return dataclasses.replace(result, report=write_report(settings.cache_dir, planned, result))
+                         report=None, image_digest=image_id, phases=clock.phases)
+    return dataclasses.replace(result, report=write_report(settings.cache_dir, planned, result),
+                               uptodate=_uptodate(settings, planned, store, result))
+
+
+def _uptodate(settings: project.Settings, planned: Plan, store: ArtifactStore,
+              result: BuildResult) -> UpToDate | None:
+    """What the same build depends on once everything is up to date (imageforge/uptodate.py),
+    for a build on the docker CLI's own engine and the local cache alone; None otherwise."""
+    if settings.remote or store.images != ImageStore():
+        return None
+    images = [result.tag]
+    if planned.manifest.image.get("base_image_id"):
+        images.append(str(planned.manifest.image["base"]))
+    entries: list[Path] = []
+    files: list[Path] = []
+    for stage in planned.stages:
+        if is_external(stage):
+            continue
+        entry = store.get(stage.key)
+        if entry is None:
+            return None
+        entries.append(entry.path)
+        if stage.name != planned.target:
+            continue
+        if entry.image:
+            images.append(entry.image)
+        else:
+            files += sorted((entry.path / "blobs" / "sha256").iterdir())
+    return UpToDate(images=tuple(images), entries=tuple(entries), files=tuple(files),
+                    report=report_data(planned, as_noop(result)))
 
 
 def _reuse_contexts(store: ArtifactStore, remote: Remote | None, planned: Plan,
@@ -154,8 +204,9 @@ def _reuse_contexts(store: ArtifactStore, remote: Remote | None, planned: Plan,
 
 def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
              remote: Remote | None, planned: Plan, building: list[str],
-             contexts: dict[str, str], env: Mapping[str, str]) -> BuildResult:
+             contexts: dict[str, str], env: Mapping[str, str], clock: Clock) -> BuildResult:
     started = time.time()
+    clock.lap("plan")
     sources = [src for name in building for src in planned.stage(name).sources]
     contexts.update({name: str(path) for name, path in
                      project.source_cache(settings).materialize_all(sources).items()})
@@ -163,10 +214,12 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         for context, (path, digest) in planned.stage(name).local_dirs.items():
             contexts[context] = str(localtree.snapshot(Path(path), digest,
                                                      settings.cache_dir / "sources" / "local"))
+    clock.lap("fetch")
     scratch = store.scratch()
     try:
         run = make_run(planned, planned.registry, building, contexts)
-        artifact_dirs = {name: scratch / name for name in building}
+        images = image_artifacts(planned, building) if store.images is not None else {}
+        artifact_dirs = {name: scratch / name for name in building if name not in images}
         tag = options.tag or default_tag(planned)
         workdir = scratch / "build"
         (workdir / "context").mkdir(parents=True)
@@ -178,7 +231,8 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
             if settings.layer_cache else None
         spec = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
                          platform=str(planned.manifest.image["platform"]), push=options.push,
-                         artifact_dirs=artifact_dirs, source_date_epoch=epoch,
+                         artifact_dirs=artifact_dirs, artifact_images=images,
+                         source_date_epoch=epoch,
                          layer_cache=layers, sbom_generator=generator,
                          secrets=_secrets(options))
         (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
@@ -190,16 +244,22 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         argv = [docker_binary(), *builder_args(options.builder), "bake", "-f",
                 str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
                 str(workdir / "metadata.json")]
+        clock.lap("render")
         bake.run_bake(argv, progress, env, cache=store.root,
                   push=tag if options.push else None, outputs=list(artifact_dirs.values()))
+        clock.lap("bake")
+        clock.phases["export"] = round(progress.export_seconds, 3)
         metadata = read_object(workdir / "metadata.json") or {}
         _keep_artifacts(store, planned, building, artifact_dirs, progress)
+        _keep_images(store, planned, images, metadata, progress)
         for name in contexts:
             if name in progress.stages and planned.stage(name).status == "cached":
                 store.touch(planned.stage(name).key)
+        _save_last_build(settings, planned, building)
+        clock.lap("store")
         if remote is not None:
             push_entries(store, remote, [planned.stage(n).key for n in building])
-        _save_last_build(settings, planned, building)
+            clock.lap("push")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     # A stage this run had to build is "built" even when BuildKit's own layer cache served
@@ -212,12 +272,24 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     result = BuildResult(target=planned.target, tag=tag, stages=results,
                          seconds=round(time.time() - started, 2), report=None,
                          image_digest=metadata.get("image", {}).get("containerimage.digest"))
+    clock.lap("report")
+    result = dataclasses.replace(result, phases=clock.phases)
     report = write_report(settings.cache_dir, planned, result)
-    return dataclasses.replace(result, report=report)
+    uptodate = None if options.builder or options.push else \
+        _uptodate(settings, planned, store, result)
+    return dataclasses.replace(result, report=report, uptodate=uptodate)
 
 
 def _secrets(options: BuildOptions) -> dict[str, str]:
     return {CA_BUNDLE_SECRET: str(options.ca_bundle)} if options.ca_bundle else {}
+
+
+def _image_store(builder: str | None) -> ImageStore | None:
+    """Where full-image artifacts live: the engine's image store, for the engine's own
+    builder; a builder of another driver (docker-container, remote) has none."""
+    if not builder:
+        return ImageStore()
+    return ImageStore(builder) if builder_args(builder)[0] == "--context" else None
 
 
 def builder_args(builder: str | None) -> list[str]:
@@ -233,9 +305,29 @@ def builder_args(builder: str | None) -> list[str]:
 def _keep_artifacts(store: ArtifactStore, planned: Plan, building: list[str],
                     artifact_dirs: Mapping[str, Path], progress: BuildProgress) -> None:
     for name in building:
+        if name not in artifact_dirs:
+            continue
         stage = planned.stage(name)
         store.add(key=stage.key, stage=name, inputs=stage.inputs, layout=artifact_dirs[name],
                   build_seconds=progress.stages[name].seconds)
+
+
+def _keep_images(store: ArtifactStore, planned: Plan, images: Mapping[str, str],
+                 metadata: Mapping[str, Any], progress: BuildProgress) -> None:
+    """Record the full-image artifacts BuildKit named in the engine's image store."""
+    if store.images is None or not images:
+        return
+    found = store.images.sizes(list(images.values()))
+    for name, ref in images.items():
+        digest = metadata.get(f"artifact-{name}", {}).get("containerimage.digest")
+        image_id, size = found.get(ref, ("", 0))
+        if not digest or image_id != digest:
+            raise CacheError(f"BuildKit did not store the artifact of {name} as {ref} "
+                             f"(image {image_id or 'missing'}, build said {digest}); build "
+                             "again.")
+        stage = planned.stage(name)
+        store.add_image(key=stage.key, stage=name, inputs=stage.inputs, ref=ref,
+                        digest=digest, size=size, build_seconds=progress.stages[name].seconds)
 
 
 def _save_last_build(settings: project.Settings, planned: Plan, building: list[str]) -> None:

@@ -104,6 +104,8 @@ class BuildProgress:
         self.mode: Mode = _pick_mode(mode, self.out)
         self._live: Live | None = None
         self._started = time.time()
+        # BuildKit's export steps (layers, images, OCI layouts): (started, completed).
+        self._exports: dict[str, tuple[float | None, float | None]] = {}
 
     def __enter__(self) -> BuildProgress:
         if self.mode == "tty":
@@ -142,8 +144,25 @@ class BuildProgress:
                     vertex.cached = True
         self._show()
 
+    @property
+    def export_seconds(self) -> float:
+        """Wall time during which BuildKit was exporting (overlapping exports once)."""
+        spans = sorted((a, b) for a, b in self._exports.values() if a is not None and b)
+        total, reached = 0.0, float("-inf")
+        for started, completed in spans:
+            if completed > reached:
+                total += completed - max(started, reached)
+                reached = completed
+        return total
+
     def _vertex(self, raw: dict[str, Any]) -> None:
-        match = _VERTEX.match(raw.get("name", ""))
+        name = raw.get("name", "")
+        if "exporting " in name:
+            old = self._exports.get(raw["digest"], (None, None))
+            self._exports[raw["digest"]] = (_time(raw.get("started")) or old[0],
+                                            _time(raw.get("completed")) or old[1])
+            return
+        match = _VERTEX.match(name)
         if match is None or match.group("stage") not in self.stages:
             return
         digest = raw["digest"]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from imageforge.buildkit.progress import Mode
 
@@ -30,6 +33,33 @@ class StageResult:
     seconds: float
 
 
+class Clock:
+    """Where a build's time goes: each lap adds the time since the previous one to a phase
+    (plan, fetch, render, bake, store, push, report; export is BuildKit's share of bake)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = round(self.phases.get(phase, 0.0) + now - self._last, 3)
+        self._last = now
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpToDate:
+    """What the same build asks next time, when this one left everything up to date
+    (imageforge/uptodate.py): the images whose IDs must not change, the artifact entries
+    that must still be there, and files of the cache that must not change (the target's
+    blobs); the report and summary it writes then."""
+
+    images: tuple[str, ...]
+    entries: tuple[Path, ...]
+    files: tuple[Path, ...]
+    report: Mapping[str, Any]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BuildResult:
     target: str
@@ -38,7 +68,16 @@ class BuildResult:
     seconds: float
     report: Path | None
     image_digest: str | None = None
+    uptodate: UpToDate | None = None
+    # Seconds per phase of imageforge's own work (Clock), for the report and the benchmark.
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def rebuilt(self) -> list[str]:
         return [s.name for s in self.stages if s.state == "built"]
+
+
+def as_noop(result: BuildResult) -> BuildResult:
+    """The result the same build gives next time, when nothing changed."""
+    stages = tuple(dataclasses.replace(s, state="cached", seconds=0.0) for s in result.stages)
+    return dataclasses.replace(result, stages=stages, seconds=0.0, report=None, phases={})

@@ -1,4 +1,6 @@
-"""The local artifact store: every built stage as an OCI image layout under its key.
+"""The local artifact store: every built stage under its key, as an OCI image layout or, for
+a full-image artifact on an engine with an image store, as a name in that store
+(cache/imagestore.py; its entry holds meta.json only).
 
 Layout under <cache>/artifacts:
   blobs/sha256/<hex>     content-addressed blobs, shared by every entry
@@ -25,10 +27,12 @@ from typing import Any
 
 from imageforge import log
 from imageforge.cache import diskfull
+from imageforge.cache.imagestore import ImageStore
 from imageforge.cache.keylock import locked
 from imageforge.errors import CacheError
 
 _CHUNK = 1 << 20
+_DEFAULT_ENGINE = ImageStore()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,10 +47,14 @@ class Entry:
     last_used: float
     hits: int
     path: Path
+    # The name in the engine's image store (cache/imagestore.py); None: an OCI layout.
+    image: str | None = None
 
     @property
     def context(self) -> str:
         """How BuildKit reads this artifact as a named build context."""
+        if self.image:
+            return f"docker-image://{self.image}"
         return f"oci-layout://{self.path}@{self.digest}"
 
     def meta(self) -> dict[str, Any]:
@@ -63,7 +71,11 @@ def key_hex(key: str) -> str:
 
 
 class ArtifactStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, images: ImageStore | None = _DEFAULT_ENGINE) -> None:
+        """`images`: the engine whose image store holds full-image artifacts; None for a
+        builder without one (its image entries are then not there: those stages build)."""
+        self.images = images
+        self._image_ids: dict[str, str] | None = None
         self.root = root.resolve()
         self.blobs = self.root / "blobs" / "sha256"
         self.entry_root = self.root / "entries"
@@ -81,6 +93,8 @@ class ArtifactStore:
             return None
         except (OSError, ValueError):
             return None
+        if data.get("image") and self.images is None:
+            return None
         return Entry(path=meta.parent, **data)
 
     def verify(self, key: str) -> Entry | None:
@@ -89,6 +103,8 @@ class ArtifactStore:
         entry = self.get(key)
         if entry is None:
             return None
+        if entry.image:
+            return self._verify_image(entry)
         # A blob hashed before and not touched since (same size, mtime and inode) is not
         # hashed again: a no-op rebuild stays fast however large the image.
         stamps_path = entry.path / "verified.json"
@@ -108,6 +124,21 @@ class ArtifactStore:
         for blob in bad:
             (self.blobs / blob.name).unlink(missing_ok=True)
         self.remove(key)
+        return None
+
+    def _verify_image(self, entry: Entry) -> Entry | None:
+        assert entry.image is not None
+        assert self.images is not None
+        if self._image_ids is None:
+            self._image_ids = self.images.ids()
+        found = self._image_ids.get(entry.image)
+        if found == entry.digest:
+            return entry
+        why = "is gone from the image store" if found is None else \
+            f"names other content ({found[:19]}) in the image store"
+        log.warning(f"cached artifact of {entry.stage} ({entry.key[:19]}) {why}; discarding "
+                    "it, the stage will be rebuilt.")
+        self.remove(entry.key)
         return None
 
     def all_entries(self) -> list[Entry]:
@@ -167,15 +198,39 @@ class ArtifactStore:
                       build_seconds=round(build_seconds, 2), created=now, last_used=now,
                       hits=0, path=self.entry_root / key_hex(key))
         _write_json(staged / "meta.json", entry.meta())
+        return self._place(staged, entry)
+
+    def add_image(self, *, key: str, stage: str, inputs: Mapping[str, Any], ref: str,
+                  digest: str, size: int, build_seconds: float) -> Entry:
+        """Record the image BuildKit stored as `ref` (its ID `digest`) as the artifact of
+        `key`. Atomic like add: a rename, or an entry another process stored first."""
+        now = time.time()
+        entry = Entry(key=key, stage=stage, inputs=dict(inputs), size=size, digest=digest,
+                      build_seconds=round(build_seconds, 2), created=now, last_used=now,
+                      hits=0, path=self.entry_root / key_hex(key), image=ref)
+        staged = self.scratch()
+        try:
+            _write_json(staged / "meta.json", entry.meta())
+            return self._place(staged, entry)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def _place(self, staged: Path, entry: Entry) -> Entry:
         self.entry_root.mkdir(parents=True, exist_ok=True)
+        if entry.path.exists() and self.get(entry.key) is None:
+            # An entry this store cannot use (an image on an engine it does not reach):
+            # the one just built takes its place.
+            self.remove(entry.key)
         try:
             os.rename(staged, entry.path)
         except OSError:
             # Another process stored the same key first; keys are content, so keep theirs.
-            existing = self.get(key)
+            existing = self.get(entry.key)
             if existing is None:
                 raise
             return existing
+        if self._image_ids is not None and entry.image:
+            self._image_ids[entry.image] = entry.digest
         return entry
 
     def touch(self, key: str) -> None:
@@ -190,6 +245,11 @@ class ArtifactStore:
         path = self.entry_root / key_hex(key)
         if not path.exists():
             return
+        image = _image_of(path)
+        if image and self.images is not None:
+            self.images.remove(image)
+            if self._image_ids is not None:
+                self._image_ids.pop(image, None)
         # Rename first so a reader never sees half an entry.
         doomed = self.tmp / f"removed-{key_hex(key)}-{uuid.uuid4().hex[:8]}"
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -235,12 +295,16 @@ class ArtifactStore:
     def size(self, entries: list[Entry] | None = None) -> int:
         """Bytes on disk for `entries` (shared blobs counted once)."""
         names: dict[str, int] = {}
+        images = 0
         for e in entries if entries is not None else self.all_entries():
+            if e.image:
+                images += e.size   # in the engine's image store, layers shared with others
+                continue
             for blob in _blob_files(e.path):
                 # Another process may be removing the entry: what is gone takes no space.
                 with contextlib.suppress(FileNotFoundError):
                     names[blob.name] = blob.stat().st_size
-        return sum(names.values())
+        return sum(names.values()) + images
 
     def collect_garbage(self) -> None:
         """Delete shared blobs that no entry links to any more."""
@@ -308,6 +372,14 @@ def _top_digest(layout: Path) -> str:
         return str(index["manifests"][0]["digest"])
     except (OSError, ValueError, KeyError, IndexError) as exc:
         raise CacheError(f"{layout}: not an OCI layout BuildKit wrote ({exc}).") from None
+
+
+def _image_of(entry_path: Path) -> str | None:
+    try:
+        image = json.loads((entry_path / "meta.json").read_text()).get("image")
+    except (OSError, ValueError):
+        return None
+    return str(image) if image else None
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -79,9 +79,13 @@ def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
     scratch = store.scratch()
     try:
         (scratch / "bake.json").write_text(json.dumps(bake))
+        # Image entries are names in one engine's image store: that engine moves them.
+        context = store.images.context if store.images is not None else None
+        engine = ["--context", context] if context else []
         for attempt in range(1, BAKE_ATTEMPTS + 1):
-            proc = run([docker_binary(), "buildx", "bake", "-f", str(scratch / "bake.json"),
-                        "--progress", "quiet"], env=remote.env, timeout=3600, error=CacheError,
+            proc = run([docker_binary(), *engine, "buildx", "bake", "-f",
+                        str(scratch / "bake.json"), "--progress", "quiet"],
+                       env=remote.env, timeout=3600, error=CacheError,
                        timed_out=f"moving artifacts to or from {remote.repository} took over "
                                  "an hour; check the registry and run again.")
             if proc.returncode == 0:

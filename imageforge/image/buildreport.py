@@ -6,6 +6,7 @@ import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from imageforge.buildkit.results import BuildResult
 from imageforge.planning import project
@@ -15,15 +16,7 @@ from imageforge.planning.plan import Plan
 def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
     """cache/reports/<timestamp>-<target>.json: what was built, how, and how long it took."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    report = {
-        "target": result.target,
-        "manifest": project.manifest_label(planned.manifest.path),
-        "manifest_digest": planned.manifest.digest(),
-        "tag": result.tag,
-        "image_digest": result.image_digest,
-        "seconds": result.seconds,
-        "stages": [dataclasses.asdict(s) for s in result.stages],
-    }
+    report = report_data(planned, result)
     reports = cache_dir / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / f"{stamp}-{result.target}.json"
@@ -31,6 +24,19 @@ def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+def report_data(planned: Plan, result: BuildResult) -> dict[str, Any]:
+    return {
+        "target": result.target,
+        "manifest": project.manifest_label(planned.manifest.path),
+        "manifest_digest": planned.manifest.digest(),
+        "tag": result.tag,
+        "image_digest": result.image_digest,
+        "seconds": result.seconds,
+        "stages": [dataclasses.asdict(s) for s in result.stages],
+        "phases": dict(result.phases),
+    }
 
 
 def markdown_summary(result: BuildResult) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from imageforge.cache.imagestore import artifact_ref
 from imageforge.cache.remote import registry_host
 from imageforge.model.stage import Stage
 from imageforge.planning.plan import Plan, PlannedStage
@@ -23,6 +24,13 @@ def full_artifact_stages(registry: Mapping[str, Stage]) -> set[str]:
     images. Every other stage's artifact holds only its exports (a FROM scratch image)."""
     return {s.parent for s in registry.values() if s.parent} | {
         name for name, s in registry.items() if s.image}
+
+
+def image_artifacts(plan: Plan, building: list[str]) -> dict[str, str]:
+    """The stages of `building` whose artifact is a whole image, by the name that artifact
+    gets in an engine's image store (cache/imagestore.py) instead of an OCI layout."""
+    full = full_artifact_stages(plan.registry)
+    return {n: artifact_ref(n, plan.stage(n).key) for n in building if n in full}
 
 
 def is_external(stage: PlannedStage) -> bool:
@@ -126,12 +134,15 @@ class LayerCache:
 
 def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], platform: str,
               push: bool, artifact_dirs: Mapping[str, Path],
+              artifact_images: Mapping[str, str] | None = None,
               source_date_epoch: int | None = None,
               layer_cache: LayerCache | None = None,
               sbom_generator: str | None = None,
               secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A docker-bake.json building the image and exporting every new artifact in one go.
-    `secrets` (id -> file) reach only the RUN steps that mount them, never a layer."""
+    """A docker-bake.json building the image and exporting every new artifact in one go:
+    into the engine's image store by name (`artifact_images`, stage -> name), the others as
+    OCI layouts (`artifact_dirs`). `secrets` (id -> file) reach only the RUN steps that
+    mount them, never a layer."""
     common: dict[str, Any] = {
         "context": str(workdir / "context"),
         "dockerfile": str(workdir / "Dockerfile"),
@@ -155,10 +166,19 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
             image["attest"].append(f"type=sbom,generator={sbom_generator}")
     targets: dict[str, Any] = {"image": image}
     for stage, target in run.artifact_targets.items():
-        targets[f"artifact-{stage}"] = {
-            **common, "target": target,
-            "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false"],
-        }
+        if artifact_images and stage in artifact_images:
+            # No attestation: the artifact is looked up by its digest, and provenance would
+            # wrap it in an index that changes with every build.
+            targets[f"artifact-{stage}"] = {
+                **common, "target": target,
+                "output": [f"type=image,name={artifact_images[stage]}"],
+                "attest": ["type=provenance,disabled=true"],
+            }
+        else:
+            targets[f"artifact-{stage}"] = {
+                **common, "target": target,
+                "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false"],
+            }
         if layer_cache is not None:
             # The stage itself (not its artifact), so the mode applies to its own steps.
             targets[f"layer-cache-{stage}"] = {

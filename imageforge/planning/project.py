@@ -15,6 +15,7 @@ from typing import Any
 from imageforge import log
 from imageforge.cache import localimages
 from imageforge.cache.artifacts import ArtifactStore
+from imageforge.cache.imagestore import ImageStore
 from imageforge.cache.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.errors import ManifestError, UsageError
 from imageforge.model import extends
@@ -179,8 +180,14 @@ def with_statuses(planned: Plan, store: ArtifactStore, remote: Remote | None) ->
     return dataclasses.replace(planned, stages=stages)
 
 
-def artifact_store(settings: Settings) -> ArtifactStore:
-    return ArtifactStore(settings.cache_dir / "artifacts")
+_DOCKER_ENGINE = ImageStore()
+
+
+def artifact_store(settings: Settings, images: ImageStore | None = _DOCKER_ENGINE
+                   ) -> ArtifactStore:
+    """The artifact store; full-image artifacts in the image store of `images` (the docker
+    CLI's engine unless told otherwise; None: a builder without an image store)."""
+    return ArtifactStore(settings.cache_dir / "artifacts", images)
 
 
 def source_cache(settings: Settings) -> SourceCache:

@@ -1,0 +1,106 @@
+"""Which artifacts a build names in the engine's image store, the bake outputs that do it,
+and where a build's time goes (Clock, BuildKit's export share)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from imageforge.buildkit.progress import BuildProgress
+from imageforge.buildkit.results import BuildResult, Clock, StageResult, as_noop
+from imageforge.planning import project
+from imageforge.planning.execute import bake_file, image_artifacts, make_run
+from imageforge.planning.plan import Plan
+from stages import STAGES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
+    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
+                                cache_dir=tmp_path_factory.mktemp("cache"))
+    return project.plan(settings, "smddp")
+
+
+def test_whole_images_are_named_by_stage_and_key_the_rest_are_not(plan: Plan) -> None:
+    building = [s.name for s in plan.stages if s.name != "base"]
+    named = image_artifacts(plan, building)
+    # efa and python are built FROM by others; smddp is the image.
+    assert sorted(named) == ["efa", "python", "smddp"]
+    for stage, ref in named.items():
+        assert ref == f"imageforge-artifact/{stage}:{plan.stage(stage).key[7:]}"
+    assert image_artifacts(plan, ["nccl", "boost"]) == {}
+
+
+def test_image_artifacts_go_to_the_image_store_and_the_others_to_layouts(
+        plan: Plan, tmp_path: Path) -> None:
+    building = ["efa", "nccl", "smddp"]
+    run = make_run(plan, plan.registry, building, {})
+    named = image_artifacts(plan, building)
+    bake = bake_file(run, workdir=tmp_path, tag="t", labels={}, platform="linux/amd64",
+                     push=False, artifact_dirs={"nccl": tmp_path / "nccl"},
+                     artifact_images=named)
+    targets = bake["target"]
+    assert targets["artifact-efa"]["output"] == [f"type=image,name={named['efa']}"]
+    assert targets["artifact-efa"]["target"] == "efa"
+    assert targets["artifact-efa"]["attest"] == ["type=provenance,disabled=true"]
+    assert targets["artifact-smddp"]["output"] == [f"type=image,name={named['smddp']}"]
+    assert targets["artifact-nccl"]["output"] == [f"type=oci,dest={tmp_path / 'nccl'},tar=false"]
+    assert "attest" not in targets["artifact-nccl"]
+    assert targets["image"]["output"] == ["type=docker"]
+    assert bake["group"]["default"]["targets"] == ["image", "artifact-efa", "artifact-nccl",
+                                                   "artifact-smddp"]
+
+
+def test_a_clock_adds_each_lap_to_its_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = iter([10.0, 10.5, 12.0, 12.25, 13.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(now))
+    clock = Clock()
+    clock.lap("plan")
+    clock.lap("bake")
+    clock.lap("plan")
+    clock.lap("store")
+    assert clock.phases == {"plan": 0.75, "bake": 1.5, "store": 0.75}
+
+
+def status(digest: str, name: str, started: str | None, completed: str | None
+           ) -> dict[str, object]:
+    vertex: dict[str, object] = {"digest": digest, "name": name}
+    if started:
+        vertex["started"] = f"2026-12-02T10:00:{started}Z"
+    if completed:
+        vertex["completed"] = f"2026-12-02T10:00:{completed}Z"
+    return {"vertexes": [vertex]}
+
+
+def test_export_time_is_the_wall_time_any_export_ran(tmp_path: Path) -> None:
+    with (tmp_path / "out").open("w") as out:
+        progress = BuildProgress(["efa"], "plain", out=out)
+        progress.feed(status("a", "[image] exporting to image", "01.000", None))
+        progress.feed(status("a", "[image] exporting to image", None, "04.000"))
+        # Overlapping the first: counted once.
+        progress.feed(status("b", "[artifact-efa] exporting to image", "03.000", "05.000"))
+        # Later, apart.
+        progress.feed(status("c", "exporting layers", "08.000", "08.500"))
+        # Not started yet, or a build step: not export.
+        progress.feed(status("d", "exporting cache", None, None))
+        progress.feed(status("e", "[efa 1/2] RUN make", "00.000", "09.000"))
+        assert progress.export_seconds == pytest.approx(4.5)
+        assert progress.stages["efa"].seconds == pytest.approx(9.0)
+
+
+def test_the_noop_of_a_build_is_every_stage_cached_in_no_time() -> None:
+    result = BuildResult(target="smddp", tag="t", seconds=12.0, report=Path("r"),
+                         image_digest="sha256:1", phases={"bake": 10.0},
+                         stages=(StageResult(name="efa", key="k1", state="built", seconds=3.0),
+                                 StageResult(name="nccl", key="k2", state="cached",
+                                             seconds=0.0)))
+    noop = as_noop(result)
+    assert [(s.name, s.key, s.state, s.seconds) for s in noop.stages] == [
+        ("efa", "k1", "cached", 0.0), ("nccl", "k2", "cached", 0.0)]
+    assert (noop.seconds, noop.report, noop.phases, noop.image_digest) == (0.0, None, {},
+                                                                           "sha256:1")
+    assert noop.rebuilt == []
