@@ -115,6 +115,8 @@ def test_an_up_to_date_build_runs_no_docker_and_every_change_that_matters_does(
         assert "cached artifact of smddp" in rebuilt.stderr
         assert "is gone from the image store" in rebuilt.stderr
         assert states(cache)["smddp"] == "built"
+        # A build that warned records nothing (the next one must be able to warn again).
+        assert not answered(imageforge(manifest, cache, env), calls)
         assert answered(imageforge(manifest, cache, env), calls)
         assert_cache_consistent(cache)
     finally:
@@ -141,18 +143,24 @@ def test_full_image_artifacts_are_names_in_the_image_store_checked_before_use(
             entry = cache / "artifacts" / "entries" / meta["key"][7:]
             assert sorted(p.name for p in entry.iterdir()) == ["meta.json"]
         for stage in ("nccl", "aws-ofi-nccl"):
-            assert "image" not in found[stage]
+            assert found[stage]["image"] is None
         assert_cache_consistent(cache)
 
         # The name now points at other content (a poisoned or replaced image): never used.
+        # (efa-nccl's own artifact goes too, so the image must be built FROM efa again.)
         efa = found["efa"]
         subprocess.run(["docker", "tag", "imageforge/base:bookworm", efa["image"]], check=True,
+                       capture_output=True)
+        subprocess.run(["docker", "image", "rm", found["efa-nccl"]["image"]], check=True,
                        capture_output=True)
         again = imageforge(sample_manifest, cache, env, target="efa-nccl", tag=tag)
         assert again.returncode == 0, again.stderr
         assert "cached artifact of efa" in again.stderr
         assert "names other content" in again.stderr
+        assert "cached artifact of efa-nccl" in again.stderr
         assert states(cache)["efa"] == "built"
+        assert states(cache)["efa-nccl"] == "built"
+        assert states(cache)["nccl"] == "cached"
         assert docker_out("image", "inspect", "--format", "{{.Id}}", efa["image"]) == \
             metas(cache)["efa"]["digest"]
         assert_cache_consistent(cache)
