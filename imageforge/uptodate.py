@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import os
-import socket
 import sys
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from imageforge import engineapi
 
 VERSION = 1
 # Variables a shell changes between identical commands; every other one is in the key.
@@ -111,54 +110,11 @@ def _git_files(checkout: Path) -> list[str]:
     return files
 
 
-def _docker_config() -> Path:
-    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
-
-
-def _socket_path() -> str | None:
-    """The local engine's socket, when the docker CLI would talk to it; None otherwise (a
-    remote host or another context: the full build asks through the CLI)."""
-    if os.environ.get("DOCKER_CONTEXT", "default") != "default":
-        return None
-    try:
-        current = json.loads(_docker_config().read_text()).get("currentContext")
-    except (OSError, ValueError):
-        current = None
-    if current not in (None, "", "default"):
-        return None
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    return host.removeprefix("unix://") if host.startswith("unix://") else None
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=5)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(5)
-        self.sock.connect(self.path)
-
-
 def image_ids(refs: Iterable[str]) -> dict[str, str | None]:
     """Each image's ID from the engine's API (no docker CLI: it costs more than the rest of
     an up-to-date answer); None for one that is not there. Raises OSError when the engine
     cannot be asked this way."""
-    path = _socket_path()
-    if path is None:
-        raise OSError("not the local engine")
-    found: dict[str, str | None] = {}
-    connection = _UnixConnection(path)
-    try:
-        for ref in refs:
-            connection.request("GET", f"/images/{urllib.parse.quote(ref, safe='')}/json")
-            response = connection.getresponse()
-            body = response.read()
-            found[ref] = str(json.loads(body)["Id"]) if response.status == 200 else None
-    finally:
-        connection.close()
-    return found
+    return engineapi.image_ids(list(refs))
 
 
 def remember(argv: Sequence[str], *, cache_dir: Path, checkout: Path, images: Sequence[str],
@@ -176,7 +132,7 @@ def remember(argv: Sequence[str], *, cache_dir: Path, checkout: Path, images: Se
     if any(v is None for v in ids.values()):
         return
     skip = (str(cache_dir.resolve()) + "/", str(records_dir()) + "/", *_NOT_INPUTS)
-    watched = [p for p in {*WATCH.opened, *_git_files(checkout), str(_docker_config())}
+    watched = [p for p in {*WATCH.opened, *_git_files(checkout), str(engineapi.docker_config())}
                if not p.startswith(skip)]
     # The cache's own files that matter (the target's blobs) are named by the build.
     watched += [str(f) for f in files]

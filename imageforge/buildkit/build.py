@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from imageforge import log
 from imageforge.buildkit import bake, dryrun
 from imageforge.buildkit.bake import absolute_if_local
-from imageforge.buildkit.docker import ensure_ready
+from imageforge.buildkit.docker import ensure_ready, local_image
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import (
     BuildOptions,
@@ -74,6 +75,9 @@ def build(settings: project.Settings, options: BuildOptions) -> BuildResult | No
 
 def _build(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
            remote: Remote | None, env: Mapping[str, str], clock: Clock) -> BuildResult | None:
+    # Docker and buildx are checked while the plan is made (each check is a docker CLI run);
+    # the answer is awaited before anything needs them.
+    ready = _Ready(options.builder, start=not options.dry_run)
     # A dry run contacts no upstream: a stale pin shows as unlocked in what it prints.
     planned = project.plan(settings, options.target, remote=remote,
                            resolve=not options.dry_run)
@@ -93,7 +97,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                                clock)
         if unchanged is not None:
             return unchanged
-    ensure_ready(options.builder)
+    ready.wait()
     engine = builder_args(options.builder)
     if engine[0] == "--context" or not options.builder:
         # A docker-container builder has no image store of its own to compare with.
@@ -120,6 +124,27 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                      "prunes running); run it again.")
 
 
+class _Ready:
+    """ensure_ready in a thread of its own; wait() re-raises what it found."""
+
+    def __init__(self, builder: str | None, *, start: bool) -> None:
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._check, args=(builder,), daemon=True)
+        if start:
+            self.thread.start()
+
+    def _check(self, builder: str | None) -> None:
+        try:
+            ensure_ready(builder)
+        except Exception as exc:   # re-raised in the caller's thread by wait()
+            self.error = exc
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, tag: str,
                clock: Clock) -> BuildResult | None:
     """A build with nothing to do: every stage is cached and `tag` already is this plan's
@@ -128,12 +153,9 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
     when the image is missing or differs in any label (it is then made again, from the
     cached stages), or the target's own entry is corrupt (it is rebuilt)."""
     wanted, _ = image_metadata(settings, planned)
-    found = docker("image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", tag,
-                   timeout=30)
-    if found.returncode != 0:
+    image_id, present = local_image(tag)
+    if image_id is None or present is None:
         return None
-    image_id, _, raw = found.stdout.decode().strip().partition(" ")
-    present = json.loads(raw or "null") or {}
     if any(present.get(label) != value for label, value in wanted.items()):
         return None
     # The daemon answered; a local base image replaced since the lock still stops the build.

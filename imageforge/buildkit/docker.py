@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+from typing import Any
 
+from imageforge import engineapi
 from imageforge.cmd import docker
 from imageforge.errors import DockerError, FatalError
 
@@ -26,6 +29,10 @@ def ensure_ready(builder: str | None = None) -> None:
 
 
 def ensure_daemon() -> None:
+    with contextlib.suppress(engineapi.Unreachable), engineapi.Engine() as engine:
+        status, _ = engine.get("/version")
+        if status == 200:
+            return
     try:
         info = docker("info", "--format", "{{json .ServerVersion}}", timeout=30)
     except subprocess.TimeoutExpired:
@@ -36,6 +43,18 @@ def ensure_daemon() -> None:
         raise DockerError("the Docker daemon is not running or not reachable "
                           f"({detail[-1] if detail else 'docker info failed'}); start it "
                           "(scripts/setup-host.sh does on Debian) and retry.")
+
+
+def _inspect(ref: str, context: str | None) -> dict[str, Any] | None:
+    if context is None:
+        with contextlib.suppress(engineapi.Unreachable), engineapi.Engine() as api:
+            return api.image(ref)
+    engine = ("--context", context) if context else ()
+    result = docker(*engine, "image", "inspect", "--format", "{{json .}}", ref, timeout=60)
+    if result.returncode != 0:
+        return None
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
 
 
 def image_labels(ref: str) -> dict[str, str]:
@@ -49,11 +68,9 @@ def local_image(ref: str, context: str | None = None
                 ) -> tuple[str | None, dict[str, str] | None]:
     """The ID and labels of `ref` in the image store of the current engine (or of the
     docker context `context`); Nones when it has no such image."""
-    engine = ("--context", context) if context else ()
-    result = docker(*engine, "image", "inspect", "--format", "{{json .}}", ref, timeout=60)
-    if result.returncode != 0:
+    data = _inspect(ref, context)
+    if data is None:
         return None, None
-    data = json.loads(result.stdout)
     labels = (data.get("Config") or {}).get("Labels") or {}
     return str(data.get("Id") or "") or None, dict(labels)
 

@@ -12,8 +12,10 @@ content is rebuilt, never used.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
+from imageforge import engineapi
 from imageforge.cmd import docker
 
 REPOSITORY = "imageforge-artifact"
@@ -34,7 +36,11 @@ class ImageStore:
         return ["--context", self.context, *args] if self.context else list(args)
 
     def ids(self) -> dict[str, str]:
-        """Every artifact image the engine holds: name -> image ID (one call for all)."""
+        """Every artifact image the engine holds: name -> image ID (one question for all,
+        through the engine's API when it is the local one)."""
+        if self.context is None:
+            with contextlib.suppress(engineapi.Unreachable), engineapi.Engine() as engine:
+                return engine.images(f"{REPOSITORY}/*:*")
         found = docker(*self._docker("image", "ls", "--no-trunc", "--filter",
                                      f"reference={REPOSITORY}/*:*", "--format",
                                      "{{.Repository}}:{{.Tag}} {{.ID}}"), timeout=60)

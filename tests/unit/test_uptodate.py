@@ -7,64 +7,24 @@ changes. The whole path with a real engine and real builds: tests/integration/te
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import socketserver
 import subprocess
 import sys
-import threading
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
 from imageforge import uptodate
-
-TAG = "imageforge/smddp:t"
-ID = "sha256:" + "1" * 64
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    images: ClassVar[dict[str, str]] = {}
-
-    def do_GET(self) -> None:
-        name = urllib.parse.unquote(self.path.removeprefix("/images/").removesuffix("/json"))
-        found = self.images.get(name)
-        body = json.dumps({"Id": found} if found else {"message": "No such image"}).encode()
-        self.send_response(200 if found else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+from tests.engine_socket import ID, TAG, serve_engine
 
 
 @pytest.fixture
 def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    """A fake engine API on a real unix socket: the test sets its images."""
-    sock = tmp_path / "docker.sock"
-    images: dict[str, str] = {}
-    handler = type("Handler", (_Handler,), {"images": images})
-    server = _Server(str(sock), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
-    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    try:
+    """A stand-in engine API on a real unix socket: the test sets its images."""
+    with serve_engine(tmp_path, monkeypatch) as images:
         yield images
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
