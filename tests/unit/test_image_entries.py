@@ -92,6 +92,8 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Engine:
     script.write_text(STANDIN.format(python=sys.executable, store=str(root / "images")))
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    # No engine on the socket: every question goes through the CLI, the stand-in.
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
     return Engine(root)
 
 
