@@ -46,7 +46,11 @@ Discover = Callable[[Sequence[Path]], Mapping[str, Stage]]
 CONFIG_DEFAULTS: Mapping[str, str] = {
     "manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache", "remote": "",
     "rewrite": "", "repository": "", "webhook": "", "layer_cache": "", "ca_bundle": "",
-    "stage_dirs": ""}
+    "stage_dirs": "", "image_artifacts": ""}
+# Where whole-image artifacts are kept (imageforge.image_artifacts): by name in the engine's
+# image store (no second copy), or as OCI layouts in the cache directory (self-contained: a
+# directory a CI system can save and restore).
+IMAGE_ARTIFACTS = ("image-store", "oci-layout")
 
 PROGRESS: tuple[Mode, ...] = ("auto", "plain", "json", "tty")
 RENDER_FORMATS = ("dockerfile", "bake")
@@ -103,7 +107,17 @@ def settings(config: Config, flags: Flags = Flags(), *,
         rewrites=rewrites,
         mirror=flags.mirror,
         registry=registry,
+        image_store=image_artifacts(config) == "image-store",
     )
+
+
+def image_artifacts(config: Config) -> str:
+    chosen = str(config.get("image_artifacts") or IMAGE_ARTIFACTS[0])
+    if chosen not in IMAGE_ARTIFACTS:
+        raise UsageError(f"imageforge.image_artifacts = {chosen!r}: give one of "
+                         f"{', '.join(IMAGE_ARTIFACTS)} (invoke.yaml or "
+                         "INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS).")
+    return chosen
 
 
 def pick(flag: str | None, config: Config, key: str, env: str | None = None) -> str | None:

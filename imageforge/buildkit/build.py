@@ -51,11 +51,11 @@ from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
     LayerCache,
     bake_file,
-    image_artifacts,
     is_external,
     make_run,
     reused,
     to_build,
+    whole_images,
 )
 from imageforge.planning.plan import Plan
 
@@ -182,7 +182,7 @@ def _uptodate(settings: project.Settings, planned: Plan, store: ArtifactStore,
               result: BuildResult) -> UpToDate | None:
     """What the same build depends on once everything is up to date (imageforge/uptodate.py),
     for a build on the docker CLI's own engine and the local cache alone; None otherwise."""
-    if settings.remote or store.images != ImageStore():
+    if settings.remote:
         return None
     images = [result.tag]
     if planned.manifest.image.get("base_image_id"):
@@ -240,7 +240,8 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     scratch = store.scratch()
     try:
         run = make_run(planned, planned.registry, building, contexts)
-        images = image_artifacts(planned, building) if store.images is not None else {}
+        images = {n: store.image_ref(n, planned.stage(n).key)
+                  for n in whole_images(planned, building)} if store.images is not None else {}
         artifact_dirs = {name: scratch / name for name in building if name not in images}
         tag = options.tag or default_tag(planned)
         workdir = scratch / "build"

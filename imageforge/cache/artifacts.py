@@ -27,7 +27,7 @@ from typing import Any
 
 from imageforge import log
 from imageforge.cache import diskfull
-from imageforge.cache.imagestore import ImageStore
+from imageforge.cache.imagestore import ImageStore, artifact_ref
 from imageforge.cache.keylock import locked
 from imageforge.errors import CacheError
 
@@ -77,6 +77,8 @@ class ArtifactStore:
         self.images = images
         self._image_ids: dict[str, str] | None = None
         self.root = root.resolve()
+        # This store's own names in the image store (imagestore.artifact_ref).
+        self.namespace = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
         self.blobs = self.root / "blobs" / "sha256"
         self.entry_root = self.root / "entries"
         self.locks = self.root / "locks"
@@ -130,7 +132,7 @@ class ArtifactStore:
         assert entry.image is not None
         assert self.images is not None
         if self._image_ids is None:
-            self._image_ids = self.images.ids()
+            self._image_ids = self.images.ids(self.namespace)
         found = self._image_ids.get(entry.image)
         if found == entry.digest:
             return entry
@@ -199,6 +201,10 @@ class ArtifactStore:
                       hits=0, path=self.entry_root / key_hex(key))
         _write_json(staged / "meta.json", entry.meta())
         return self._place(staged, entry)
+
+    def image_ref(self, stage: str, key: str) -> str:
+        """The name the artifact of `stage` under `key` gets in the engine's image store."""
+        return artifact_ref(self.namespace, stage, key)
 
     def add_image(self, *, key: str, stage: str, inputs: Mapping[str, Any], ref: str,
                   digest: str, size: int, build_seconds: float) -> Entry:

@@ -2,7 +2,8 @@
 
 A stage that others are built FROM, or an image, is the whole image: exporting it again as an
 OCI layout copies every layer of its base a second time (seconds per stage). On an engine
-with an image store BuildKit names it `imageforge-artifact/<stage>:<keyhex>` instead, where
+with an image store BuildKit names it `imageforge-artifact/<store>/<stage>:<keyhex>` instead,
+where
 the layers already are, and the artifact store records that name and the image's digest.
 
 Verifiable: the engine's ID of an image is the digest of its manifest (containerd checks
@@ -21,8 +22,10 @@ from imageforge.cmd import docker
 REPOSITORY = "imageforge-artifact"
 
 
-def artifact_ref(stage: str, key: str) -> str:
-    return f"{REPOSITORY}/{stage}:{key.removeprefix('sha256:')}"
+def artifact_ref(namespace: str, stage: str, key: str) -> str:
+    """The name of an artifact of one store: each cache directory has its own `namespace`,
+    so two of them on one engine never take each other's names."""
+    return f"{REPOSITORY}/{namespace}/{stage}:{key.removeprefix('sha256:')}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +38,15 @@ class ImageStore:
     def _docker(self, *args: str) -> list[str]:
         return ["--context", self.context, *args] if self.context else list(args)
 
-    def ids(self) -> dict[str, str]:
-        """Every artifact image the engine holds: name -> image ID (one question for all,
-        through the engine's API when it is the local one)."""
+    def ids(self, namespace: str) -> dict[str, str]:
+        """Every artifact image of one store the engine holds: name -> image ID (one
+        question for all, through the engine's API when it is the local one)."""
+        reference = f"{REPOSITORY}/{namespace}/*:*"
         if self.context is None:
             with contextlib.suppress(engineapi.Unreachable), engineapi.Engine() as engine:
-                return engine.images(f"{REPOSITORY}/*:*")
+                return engine.images(reference)
         found = docker(*self._docker("image", "ls", "--no-trunc", "--filter",
-                                     f"reference={REPOSITORY}/*:*", "--format",
+                                     f"reference={reference}", "--format",
                                      "{{.Repository}}:{{.Tag}} {{.ID}}"), timeout=60)
         if found.returncode != 0:
             return {}

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge.cache.imagestore import artifact_ref
 from imageforge.cache.remote import registry_host
 from imageforge.model.stage import Stage
 from imageforge.planning.plan import Plan, PlannedStage
@@ -26,11 +25,11 @@ def full_artifact_stages(registry: Mapping[str, Stage]) -> set[str]:
         name for name, s in registry.items() if s.image}
 
 
-def image_artifacts(plan: Plan, building: list[str]) -> dict[str, str]:
-    """The stages of `building` whose artifact is a whole image, by the name that artifact
-    gets in an engine's image store (cache/imagestore.py) instead of an OCI layout."""
+def whole_images(plan: Plan, building: list[str]) -> list[str]:
+    """The stages of `building` whose artifact is a whole image: kept by name in an engine's
+    image store (cache/imagestore.py) where it has one, instead of an OCI layout."""
     full = full_artifact_stages(plan.registry)
-    return {n: artifact_ref(n, plan.stage(n).key) for n in building if n in full}
+    return [n for n in building if n in full]
 
 
 def is_external(stage: PlannedStage) -> bool:

@@ -52,6 +52,8 @@ class Settings:
     rewrites: tuple[mirror_mod.Rewrite, ...] = ()
     # A mirror made by `mirror.sync` (directory or URL): the only place sources come from.
     mirror: str | None = None
+    # Whole-image artifacts by name in the engine's image store (False: OCI layouts).
+    image_store: bool = True
 
     @functools.cached_property
     def opened(self) -> ManifestLock:
@@ -186,8 +188,10 @@ _DOCKER_ENGINE = ImageStore()
 def artifact_store(settings: Settings, images: ImageStore | None = _DOCKER_ENGINE
                    ) -> ArtifactStore:
     """The artifact store; full-image artifacts in the image store of `images` (the docker
-    CLI's engine unless told otherwise; None: a builder without an image store)."""
-    return ArtifactStore(settings.cache_dir / "artifacts", images)
+    CLI's engine unless told otherwise; None: a builder without an image store, or
+    settings that keep every artifact as an OCI layout)."""
+    return ArtifactStore(settings.cache_dir / "artifacts",
+                         images if settings.image_store else None)
 
 
 def source_cache(settings: Settings) -> SourceCache:

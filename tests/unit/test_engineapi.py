@@ -39,10 +39,11 @@ def test_images_and_their_labels_come_from_the_socket() -> None:
 
 
 def test_artifact_images_are_listed_in_one_question(engine: dict[str, str]) -> None:
-    engine["imageforge-artifact/efa:1"] = OTHER
-    engine["imageforge-artifact/python:2"] = ID
-    assert ImageStore().ids() == {"imageforge-artifact/efa:1": OTHER,
-                                  "imageforge-artifact/python:2": ID}
+    engine["imageforge-artifact/n1/efa:1"] = OTHER
+    engine["imageforge-artifact/n1/python:2"] = ID
+    engine["imageforge-artifact/n2/efa:1"] = ID
+    assert ImageStore().ids("n1") == {"imageforge-artifact/n1/efa:1": OTHER,
+                                      "imageforge-artifact/n1/python:2": ID}
 
 
 @pytest.mark.usefixtures("engine")

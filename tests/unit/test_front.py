@@ -285,3 +285,19 @@ def test_matrix_plan_shares_what_two_images_have_in_common(tmp_path: Path) -> No
     assert lines[1].endswith(f"builds nothing; shares {', '.join(first['builds'])}")
     assert lines[2] == (f"2 images, {2 * first['stages']} stage slots, {first['stages']} "
                         f"distinct keys, {len(first['builds'])} to build")
+
+
+def test_whole_image_artifacts_go_to_the_image_store_unless_configured_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert front.settings(configured(tmp_path)).image_store
+    store = project.artifact_store(front.settings(configured(tmp_path)))
+    assert store.images is not None
+    monkeypatch.setenv("INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS", "oci-layout")
+    layouts = front.settings(configured(tmp_path))
+    assert not layouts.image_store
+    assert project.artifact_store(layouts).images is None
+    monkeypatch.setenv("INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS", "registry")
+    with pytest.raises(UsageError, match=r"^imageforge.image_artifacts = 'registry': give one "
+                                         r"of image-store, oci-layout \(invoke.yaml or "
+                                         r"INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS\)\.$"):
+        front.settings(configured(tmp_path))

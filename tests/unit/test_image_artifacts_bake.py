@@ -10,8 +10,9 @@ import pytest
 
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import BuildResult, Clock, StageResult, as_noop
+from imageforge.cache.artifacts import ArtifactStore
 from imageforge.planning import project
-from imageforge.planning.execute import bake_file, image_artifacts, make_run
+from imageforge.planning.execute import bake_file, make_run, whole_images
 from imageforge.planning.plan import Plan
 from stages import STAGES
 
@@ -25,21 +26,26 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     return project.plan(settings, "smddp")
 
 
-def test_whole_images_are_named_by_stage_and_key_the_rest_are_not(plan: Plan) -> None:
+def test_whole_images_are_those_built_from_and_the_image(plan: Plan) -> None:
     building = [s.name for s in plan.stages if s.name != "base"]
-    named = image_artifacts(plan, building)
     # efa and python are built FROM by others; smddp is the image.
-    assert sorted(named) == ["efa", "python", "smddp"]
-    for stage, ref in named.items():
-        assert ref == f"imageforge-artifact/{stage}:{plan.stage(stage).key[7:]}"
-    assert image_artifacts(plan, ["nccl", "boost"]) == {}
+    assert sorted(whole_images(plan, building)) == ["efa", "python", "smddp"]
+    assert whole_images(plan, ["nccl", "boost"]) == []
+
+
+def test_each_store_names_its_artifacts_apart(tmp_path: Path) -> None:
+    one, two = ArtifactStore(tmp_path / "a"), ArtifactStore(tmp_path / "b")
+    key = "sha256:" + "c" * 64
+    assert one.image_ref("efa", key) == f"imageforge-artifact/{one.namespace}/efa:{'c' * 64}"
+    assert one.namespace != two.namespace
+    assert ArtifactStore(tmp_path / "a" / ".." / "a").namespace == one.namespace
 
 
 def test_image_artifacts_go_to_the_image_store_and_the_others_to_layouts(
         plan: Plan, tmp_path: Path) -> None:
     building = ["efa", "nccl", "smddp"]
     run = make_run(plan, plan.registry, building, {})
-    named = image_artifacts(plan, building)
+    named = {n: f"imageforge-artifact/x/{n}:1" for n in whole_images(plan, building)}
     bake = bake_file(run, workdir=tmp_path, tag="t", labels={}, platform="linux/amd64",
                      push=False, artifact_dirs={"nccl": tmp_path / "nccl"},
                      artifact_images=named)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.cache.artifacts import ArtifactStore
-from imageforge.cache.imagestore import ImageStore, artifact_ref
+from imageforge.cache.imagestore import ImageStore
 from imageforge.errors import CacheError
 from tests.oci_layout import key_of, oci_layout
 
@@ -38,9 +38,11 @@ def path(ref):
 
 
 if args[:2] == ["image", "ls"]:
+    prefix = args[args.index("--filter") + 1].removeprefix("reference=").split("*")[0]
     for item in sorted(STORE.iterdir()):
         ref = item.name.replace("_", "/").replace("@", ":")
-        print(ref, item.read_text().split()[0])
+        if ref.startswith(prefix):
+            print(ref, item.read_text().split()[0])
     sys.exit(0)
 if args[:2] == ["image", "inspect"]:
     code = 0
@@ -104,7 +106,7 @@ OTHER = "sha256:" + "b" * 64
 def stored(store: ArtifactStore, engine: Engine, stage: str = "efa",
            image_id: str = ID, size: int = 700) -> tuple[str, str]:
     key = key_of(stage)
-    ref = artifact_ref(stage, key)
+    ref = store.image_ref(stage, key)
     engine.tag(ref, image_id, size)
     store.add_image(key=key, stage=stage, inputs={"v": 1}, ref=ref, digest=image_id,
                     size=size, build_seconds=1.234)
@@ -115,7 +117,7 @@ def test_an_image_entry_is_its_name_and_digest_read_by_name(tmp_path: Path,
                                                             engine: Engine) -> None:
     store = ArtifactStore(tmp_path / "artifacts")
     key, ref = stored(store, engine)
-    assert ref == f"imageforge-artifact/efa:{key[7:]}"
+    assert ref == f"imageforge-artifact/{store.namespace}/efa:{key[7:]}"
     entry = store.get(key)
     assert entry is not None
     assert (entry.image, entry.digest, entry.size, entry.build_seconds) == (ref, ID, 700, 1.23)
@@ -136,8 +138,9 @@ def test_the_engine_is_asked_once_for_every_image_entry(tmp_path: Path,
     assert store.verify(efa) is not None
     assert store.verify(python) is not None
     assert store.verify(efa) is not None
-    assert engine.log() == ["- image ls --no-trunc --filter reference=imageforge-artifact/*:* "
-                            "--format {{.Repository}}:{{.Tag}} {{.ID}}"]
+    assert engine.log() == [f"- image ls --no-trunc --filter reference=imageforge-artifact/"
+                            f"{store.namespace}/*:* --format {{{{.Repository}}}}:{{{{.Tag}}}} "
+                            "{{.ID}}"]
 
 
 def test_a_name_pointing_at_other_content_is_discarded_and_untagged(
@@ -190,8 +193,8 @@ def test_image_entries_of_another_context_are_asked_there(tmp_path: Path,
     assert store.verify(key) is not None
     store.remove(key)
     assert engine.log() == [
-        "second image ls --no-trunc --filter reference=imageforge-artifact/*:* "
-        "--format {{.Repository}}:{{.Tag}} {{.ID}}",
+        f"second image ls --no-trunc --filter reference=imageforge-artifact/{store.namespace}/"
+        "*:* --format {{.Repository}}:{{.Tag}} {{.ID}}",
         f"second image rm {ref}"]
     assert not engine.has(ref)
     assert store.get(key) is None
@@ -239,16 +242,16 @@ def test_a_verified_entry_stays_known_after_another_is_added(tmp_path: Path,
 
 
 def test_sizes_reads_id_and_size_of_each_name(engine: Engine) -> None:
-    engine.tag("imageforge-artifact/efa:1", ID, 11)
-    engine.tag("imageforge-artifact/python:2", OTHER, 22)
+    efa, python = "imageforge-artifact/n/efa:1", "imageforge-artifact/n/python:2"
+    engine.tag(efa, ID, 11)
+    engine.tag(python, OTHER, 22)
+    engine.tag("imageforge-artifact/m/efa:1", OTHER, 33)   # another store's
     images = ImageStore()
-    assert images.sizes(["imageforge-artifact/efa:1", "imageforge-artifact/python:2"]) == {
-        "imageforge-artifact/efa:1": (ID, 11), "imageforge-artifact/python:2": (OTHER, 22)}
+    assert images.sizes([efa, python]) == {efa: (ID, 11), python: (OTHER, 22)}
     # One missing: the engine's lines would not line up with the names, so none is trusted.
-    assert images.sizes(["imageforge-artifact/efa:1", "imageforge-artifact/gone:3"]) == {}
+    assert images.sizes([efa, "imageforge-artifact/n/gone:3"]) == {}
     assert images.sizes([]) == {}
-    assert images.ids() == {"imageforge-artifact/efa:1": ID,
-                            "imageforge-artifact/python:2": OTHER}
+    assert images.ids("n") == {efa: ID, python: OTHER}
 
 
 def test_a_second_add_of_the_same_key_keeps_the_first(tmp_path: Path, engine: Engine) -> None:
