@@ -11,6 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from imageforge.buildkit.docker import BUILDX_MISSING
 from imageforge.cache import diskfull
 from imageforge.cmd import docker
 from imageforge.errors import DockerError, FatalError, RegistryError
@@ -20,6 +21,8 @@ def explain(output: str, *, cache: Path, push: str | None = None) -> FatalError 
     """The error for a failed bake whose output (stderr lines, stage errors) is `output`;
     None when the build itself failed. `cache` is the artifact store BuildKit exported into,
     `push` the image reference being pushed, if any."""
+    if "'buildx' is not a docker command" in output:
+        return DockerError(BUILDX_MISSING)
     if not daemon_answers():
         return DockerError("the Docker daemon stopped answering during the build; nothing was "
                            "stored or tagged: start it again (`docker info` must answer) and "

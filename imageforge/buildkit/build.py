@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -75,9 +74,6 @@ def build(settings: project.Settings, options: BuildOptions) -> BuildResult | No
 
 def _build(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
            remote: Remote | None, env: Mapping[str, str], clock: Clock) -> BuildResult | None:
-    # Docker and buildx are checked while the plan is made (each check is a docker CLI run);
-    # the answer is awaited before anything needs them.
-    ready = _Ready(options.builder, start=not options.dry_run)
     # A dry run contacts no upstream: a stale pin shows as unlocked in what it prints.
     planned = project.plan(settings, options.target, remote=remote,
                            resolve=not options.dry_run)
@@ -97,7 +93,9 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                                clock)
         if unchanged is not None:
             return unchanged
-    ready.wait()
+    # buildx itself is not asked first (a docker CLI run): a bake without it fails, and
+    # bakefail says so (exit 6).
+    ensure_ready(options.builder, buildx=bool(options.builder))
     engine = builder_args(options.builder)
     if engine[0] == "--context" or not options.builder:
         # A docker-container builder has no image store of its own to compare with.
@@ -122,27 +120,6 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                             env, clock)
     raise CacheError("the artifact cache kept changing under this build (other builds or "
                      "prunes running); run it again.")
-
-
-class _Ready:
-    """ensure_ready in a thread of its own; wait() re-raises what it found."""
-
-    def __init__(self, builder: str | None, *, start: bool) -> None:
-        self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._check, args=(builder,), daemon=True)
-        if start:
-            self.thread.start()
-
-    def _check(self, builder: str | None) -> None:
-        try:
-            ensure_ready(builder)
-        except Exception as exc:   # re-raised in the caller's thread by wait()
-            self.error = exc
-
-    def wait(self) -> None:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
 
 
 def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, tag: str,

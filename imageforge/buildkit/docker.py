@@ -15,12 +15,20 @@ from imageforge.errors import DockerError, FatalError
 LABEL_PREFIX = "io.imageforge"
 
 
-def ensure_ready(builder: str | None = None) -> None:
+BUILDX_MISSING = ("docker buildx is not installed; install the buildx plugin "
+                  "(scripts/setup-host.sh does on Debian) and retry.")
+
+
+def ensure_ready(builder: str | None = None, *, buildx: bool = True) -> None:
+    """The daemon answers, and (`buildx`) the buildx plugin is there and knows `builder`.
+    A caller whose next command is a buildx one may leave buildx to it (bakefail names a
+    missing plugin the same way)."""
     ensure_daemon()
-    buildx = docker("buildx", "version", timeout=30)
-    if buildx.returncode != 0:
-        raise DockerError("docker buildx is not installed; install the buildx plugin "
-                          "(scripts/setup-host.sh does on Debian) and retry.")
+    if not buildx:
+        return
+    found = docker("buildx", "version", timeout=30)
+    if found.returncode != 0:
+        raise DockerError(BUILDX_MISSING)
     if builder:
         inspect = docker("buildx", "inspect", builder, timeout=30)
         if inspect.returncode != 0:

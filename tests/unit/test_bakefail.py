@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from imageforge.buildkit.bakefail import cause
+from imageforge.buildkit.bakefail import cause, explain
+from imageforge.buildkit.docker import BUILDX_MISSING
+from imageforge.errors import DockerError
 
 TOKEN = "Zm9vYmFyLXVwbG9hZC10b2tlbi0xMjM0NTY3ODkw"
 UPLOAD = (f"https://registry.example:5000/v2/x/blobs/uploads/0c6a9e1c-5d3e-4b8f?_state={TOKEN}"
@@ -31,3 +35,13 @@ def test_cause_is_the_whole_cause_without_urls_or_tokens(output: str, expected: 
     assert TOKEN not in found
     assert "registry.example" not in found
     assert "_state" not in found
+
+
+def test_a_docker_cli_without_buildx_is_named_before_anything_else(tmp_path: Path) -> None:
+    # A build no longer asks `docker buildx version` first (a CLI run per build): the bake's
+    # own failure names the missing plugin, exit 6, without asking the daemon anything.
+    error = explain("docker: 'buildx' is not a docker command.\nSee 'docker --help'",
+                    cache=tmp_path)
+    assert isinstance(error, DockerError)
+    assert str(error) == BUILDX_MISSING
+    assert error.return_code == 6
