@@ -15,6 +15,11 @@ from imageforge.planning.plan import Plan, PlannedStage
 from imageforge.planning.render import render_dockerfile
 
 FINAL = "imageforge-image"
+# Images that stay in this engine's store are written with uncompressed layers: compressing
+# a layer costs seconds per gigabyte, and nothing reads them through a network. A push
+# (type=registry) compresses as usual.
+UNCOMPRESSED = "compression=uncompressed"
+LOCAL_IMAGE = f"type=docker,{UNCOMPRESSED}"
 ARTIFACT_PREFIX = "imageforge-artifact-"
 
 
@@ -153,7 +158,7 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
     if layer_cache is not None and layer_cache.cache_from():
         common["cache-from"] = layer_cache.cache_from()
     image: dict[str, Any] = {**common, "target": FINAL, "tags": [tag], "labels": dict(labels),
-                             "output": ["type=registry" if push else "type=docker"]}
+                             "output": ["type=registry" if push else LOCAL_IMAGE]}
     if source_date_epoch is not None:
         # BuildKit stamps the image config with it: same lock, same config.
         image["args"] = {"SOURCE_DATE_EPOCH": str(source_date_epoch)}
@@ -170,7 +175,7 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
             # wrap it in an index that changes with every build.
             targets[f"artifact-{stage}"] = {
                 **common, "target": target,
-                "output": [f"type=image,name={artifact_images[stage]}"],
+                "output": [f"type=image,name={artifact_images[stage]},{UNCOMPRESSED}"],
                 "attest": ["type=provenance,disabled=true"],
             }
         else:
