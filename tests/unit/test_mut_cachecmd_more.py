@@ -137,6 +137,8 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
     script.write_text(FAKE_DOCKER.format(python=sys.executable, registry=str(root)))
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # No engine API either: only this docker answers.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
     monkeypatch.delenv("IMAGEFORGE_REGISTRY_USER", raising=False)
     monkeypatch.delenv("IMAGEFORGE_REGISTRY_PASSWORD", raising=False)
     return Registry(root)

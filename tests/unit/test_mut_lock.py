@@ -245,6 +245,8 @@ def test_a_base_digest_comes_from_the_reference_or_the_registry(
                       f"cat {tmp_path}/out\nexit $(cat {tmp_path}/code)\n")
     docker.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # No engine API either: only this docker answers.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
 
     def answer(code: int, out: str) -> str | None:
         (tmp_path / "code").write_text(str(code))
@@ -259,6 +261,8 @@ def test_a_base_digest_comes_from_the_reference_or_the_registry(
     assert answer(0, json.dumps({"digest": "sha256:" + SHA_B})) is None
     assert answer(0, "") is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    # No engine API either: only this docker answers.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
     assert lock._base_digest("img:1") is None
 
 
@@ -386,6 +390,8 @@ cat "$f"
 """)
     (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # No engine API either: only this docker answers.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
 
 
 def _labels(**versions: str) -> dict[str, str]:

@@ -137,6 +137,8 @@ cat {tmp_path}/remote.json
 """)
     (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # No engine API either: only this docker answers.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
 
 
 def _registry_answer(digest: str) -> dict[str, object]:
@@ -482,5 +484,7 @@ def test_a_registry_that_does_not_answer_in_time_leaves_the_base_unpinned(
                                     f"print('\"sha256:{SHA_A}\"')\n")
     (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # No engine API either: only this docker answers.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
     assert lock._base_digest("img:1", timeout=0.3) is None
     assert lock._base_digest("img:1@sha256:" + SHA_B, timeout=0.3) == "sha256:" + SHA_B

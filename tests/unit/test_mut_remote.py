@@ -95,6 +95,8 @@ exit $(cat {tmp_path}/code)
 """)
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # No engine API either: only this docker answers.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
     return tmp_path
 
 
