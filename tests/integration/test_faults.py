@@ -31,7 +31,7 @@ from tests.integration.conftest import (
 def build(manifest: Path, cache: Path, engine: SecondDockerd, target: str) -> Running:
     # Every artifact an OCI layout in the cache directory, efa's whole image (about 230 MB)
     # included: the faults below land while that layout is written and adopted. (By default
-    # a whole image stays in the engine's image store; test_uptodate covers that.)
+    # a whole image stays in the engine's image store; test_uptodate_build covers that.)
     return Running("build", "--target", target, "--manifest", str(manifest), "--progress",
                    "plain", "--no-test", cache=cache,
                    env={**engine.env, "INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS": "oci-layout"})

@@ -3,7 +3,7 @@ artifact store's image entries), in process.
 
 Stand-in: `docker` on PATH is a script that keeps an image store in a directory (one file per
 name, holding the image's ID and size) and logs every command with its --context. The real
-engine is exercised by tests/integration/test_uptodate.py; these run under mutation testing,
+engine is exercised by tests/integration/test_uptodate_build.py; these run under mutation testing,
 where each must answer in milliseconds."""
 
 from __future__ import annotations

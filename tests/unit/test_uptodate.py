@@ -2,7 +2,8 @@
 
 The engine's API is a real HTTP server on a unix socket in the test (DOCKER_HOST points at
 it), answering /images/<name>/json as the engine does; files are real files whose stat
-changes. The whole path with a real engine and real builds: tests/integration/test_uptodate.py.
+changes. The whole path with a real engine and real builds:
+tests/integration/test_uptodate_build.py.
 """
 
 from __future__ import annotations
