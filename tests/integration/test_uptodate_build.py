@@ -2,8 +2,8 @@
 without the docker CLI, BuildKit or the engine's modules, and every change that matters sends
 it back to the full build. Full-image artifacts live in the engine's image store by key.
 
-Real builds of the sample with the `imageforge` console command; a `docker` on PATH records
-each command it is asked for and then runs the real one."""
+Real builds of the sample with the `imageforge` console command; a `docker` and a `git` on
+PATH record each command they are asked for and then run the real one."""
 
 from __future__ import annotations
 
@@ -31,11 +31,15 @@ def traced(tmp_path: Path) -> tuple[dict[str, str], Path]:
     bindir.mkdir()
     calls = bindir / "calls.log"
     calls.write_text("")
-    real = shutil.which("docker")
-    assert real is not None
-    (bindir / "docker").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n'
-                                   f'exec {real} "$@"\n')
-    (bindir / "docker").chmod(0o755)
+    # The full build runs git (the revision label) and may run docker; an answer from the
+    # record runs no program at all (the engine's API answers the full build's questions
+    # about images, so docker alone would not tell them apart).
+    for program in ("docker", "git"):
+        real = shutil.which(program)
+        assert real is not None
+        (bindir / program).write_text(f'#!/bin/sh\nprintf "{program} %s\\n" "$*" >> {calls}\n'
+                                      f'exec {real} "$@"\n')
+        (bindir / program).chmod(0o755)
     env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
            "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     return env, calls
@@ -62,7 +66,7 @@ def metas(cache: Path) -> dict[str, dict[str, str]]:
 
 
 def answered(result: subprocess.CompletedProcess[str], calls: Path) -> bool:
-    """Answered from the record: it worked and ran no docker command at all."""
+    """Answered from the record: it worked and ran no docker or git command at all."""
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ran = calls.read_text()
     calls.write_text("")
