@@ -165,7 +165,7 @@ def answer(argv: Sequence[str]) -> bool:
             return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    _write_report(Path(record["cache_dir"]), record["report"])
+    save_report(Path(record["cache_dir"]), record["report"])
     for entry in record["entries"]:
         _touch(Path(entry) / "meta.json")
     print(record["stdout"])
@@ -182,8 +182,9 @@ def _unchanged(record: Mapping[str, Any]) -> bool:
     return image_ids(wanted) == wanted
 
 
-def _write_report(cache_dir: Path, report: Mapping[str, Any]) -> None:
-    """As image/buildreport.write_report names and writes it."""
+def save_report(cache_dir: Path, report: Mapping[str, Any]) -> Path:
+    """cache/reports/<timestamp>-<target>.json, written whole (a rename); the one writer of
+    build reports, here because this module may import nothing of the engine."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     reports = cache_dir / "reports"
     reports.mkdir(parents=True, exist_ok=True)
@@ -191,6 +192,7 @@ def _write_report(cache_dir: Path, report: Mapping[str, Any]) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(path)
+    return path
 
 
 def _touch(meta: Path) -> None:

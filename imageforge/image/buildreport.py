@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from imageforge.buildkit.results import BuildResult
 from imageforge.planning import project
 from imageforge.planning.plan import Plan
+from imageforge.uptodate import save_report
 
 
 def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
     """cache/reports/<timestamp>-<target>.json: what was built, how, and how long it took."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    report = report_data(planned, result)
-    reports = cache_dir / "reports"
-    reports.mkdir(parents=True, exist_ok=True)
-    path = reports / f"{stamp}-{result.target}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return save_report(cache_dir, report_data(planned, result))
 
 
 def report_data(planned: Plan, result: BuildResult) -> dict[str, Any]:
