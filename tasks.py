@@ -289,6 +289,35 @@ def cache_pull(c: Context, target: str | None = None, remote: str | None = None,
                                                  remote=remote), target))
 
 
+@task(help={"rebuild": "build the stages again from scratch (no layer cache, cache mounts "
+                       "of their own) and compare them with their stored artifacts",
+            "target": f"the target whose stages to verify ({TARGET_DEFAULT})",
+            "stage": "verify only this stage (repeatable; default every stage the target "
+                     "builds)",
+            "image": "instead: build the image its labels describe from nothing (a cache "
+                     "directory of its own) and compare, e.g. reg:5000/training/smddp@sha256:...",
+            "manifest": MANIFEST_HELP, "set": SET_HELP,
+            "remote": REMOTE_HELP + "; its artifacts are compared too, and those a rebuild "
+                      "matches are recorded as verified (what cache_trust = verified uses)",
+            "builder": "buildx builder to use (default: the current one)",
+            "progress": "auto, plain, or json lines", "json": "print the verdicts as JSON"},
+      iterable=["set", "stage"])
+@boundary
+def verify(c: Context, rebuild: bool = False, target: str | None = None,
+           stage: list[str] | None = None, manifest: str | None = None,
+           set: list[str] | None = None, remote: str | None = None, image: str | None = None,
+           builder: str | None = None, progress: str = "auto", json: bool = False) -> None:
+    """Rebuild stages from scratch and compare them with their artifacts.
+
+    Each is compared with its stored artifact and the remote cache's (or an image alone with
+    what its pins give): exit 13 naming the stage and its first differing file."""
+    flags = front.Flags(manifest=manifest, overrides=set, remote=remote)
+    for line in front.verify(config(c), flags, target,
+                             stage, rebuild=rebuild, image=image, builder=builder,
+                             progress=progress, as_json=json):
+        print(line)
+
+
 @task(help={"target": f"stage to explain ({TARGET_DEFAULT})", "manifest": MANIFEST_HELP,
             "set": SET_HELP,
             "remote": REMOTE_HELP}, iterable=["set"])
@@ -324,7 +353,9 @@ def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
           "webhook": "URL to POST the summary to (default imageforge.webhook)",
           "remote": REMOTE_HELP,
           "matrix": "every image of this matrix file ([[image]] tables), one report; a "
-                    "stage key the images share is built once"},
+                    "stage key the images share is built once",
+          "verify": "also rebuild this many stages from scratch (those verified longest "
+                    "ago) and compare them with their artifacts before promoting (default 0)"},
     iterable=["set"],
 )
 @boundary
@@ -332,12 +363,12 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
             target: str | None = None, push: bool = False, repository: str | None = None,
             channel: str = "golden", tag_template: str | None = None,
             size_budget: str = "1.2", report: str | None = None, webhook: str | None = None,
-            remote: str | None = None, matrix: str | None = None) -> None:
+            remote: str | None = None, matrix: str | None = None, verify: str = "0") -> None:
     """lock --upgrade, rebuild what changed, test-image, push a dated tag, promote."""
     request = front.NightlyRequest(target=target, push=push, repository=repository,
                                    channel=channel, tag_template=tag_template,
                                    size_budget=size_budget, report=report, webhook=webhook,
-                                   matrix=matrix)
+                                   matrix=matrix, verify=verify)
     for line in front.nightly(config(c), front.Flags(manifest=manifest, overrides=set,
                                                      remote=remote), request):
         print(line)
@@ -398,8 +429,8 @@ cache = Collection("cache", cache_ls, cache_prune, cache_push, cache_pull)
 ci = Collection("ci", ci_generate)
 matrix = Collection("matrix", matrix_plan, matrix_build)
 mirror = Collection("mirror", mirror_sync)
-ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain, nightly,
-               promote, cache, mirror, matrix, ci)
+ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain,
+               verify, nightly, promote, cache, mirror, matrix, ci)
 ns.configure({"imageforge": dict(front.CONFIG_DEFAULTS)})
 
 

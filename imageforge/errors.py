@@ -88,6 +88,13 @@ class RegistryError(FatalError):
     return_code = 12
 
 
+class NotReproducibleError(FatalError):
+    """A stage rebuilt from scratch differs from its stored artifact (`verify --rebuild`), or
+    a remote artifact is not the one a rebuild verified (cache.trust = "verified")."""
+
+    return_code = 13
+
+
 class Interrupted(FatalError):
     """The user (or CI) stopped the run with SIGINT/SIGTERM."""
 

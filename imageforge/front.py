@@ -46,7 +46,7 @@ Discover = Callable[[Sequence[Path]], Mapping[str, Stage]]
 CONFIG_DEFAULTS: Mapping[str, str] = {
     "manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache", "remote": "",
     "rewrite": "", "repository": "", "webhook": "", "layer_cache": "", "ca_bundle": "",
-    "stage_dirs": "", "image_artifacts": ""}
+    "stage_dirs": "", "image_artifacts": "", "cache_trust": ""}
 # Where whole-image artifacts are kept (imageforge.image_artifacts): by name in the engine's
 # image store (no second copy), or as OCI layouts in the cache directory (self-contained: a
 # directory a CI system can save and restore).
@@ -108,7 +108,18 @@ def settings(config: Config, flags: Flags = Flags(), *,
         mirror=flags.mirror,
         registry=registry,
         image_store=image_artifacts(config) == "image-store",
+        trust_verified=cache_trust(config) == "verified",
     )
+
+
+def cache_trust(config: Config) -> str:
+    from imageforge.cache.verified import TRUST
+
+    chosen = str(config.get("cache_trust") or TRUST[0])
+    if chosen not in TRUST:
+        raise UsageError(f"imageforge.cache_trust = {chosen!r}: give one of "
+                         f"{', '.join(TRUST)} (invoke.yaml or INVOKE_IMAGEFORGE_CACHE_TRUST).")
+    return chosen
 
 
 def image_artifacts(config: Config) -> str:
@@ -283,6 +294,8 @@ class PlanView:
             version = str(st.inputs.get("version") or "-")
             lines.append(f"{st.name:<18} {st.status:<7} {version:<12} {st.key[:19]} "
                          f"{','.join(st.deps)}")
+        lines += [f"not reproducible: {st.name}: {planned.registry[st.name].reproducible_reason}"
+                  for st in planned.stages if not planned.registry[st.name].reproducible]
         return "\n".join(lines)
 
 
@@ -293,7 +306,7 @@ def plan(config: Config, flags: Flags, target: str | None, graph: str | None) ->
 
     s = settings(config, flags)
     target = _target(s, target)
-    with remote_mod.session(s.remote) as registry:
+    with remote_mod.session(s.remote, verified_in=s.verified_in) as registry:
         planned = project.plan(s, target, remote=registry)
     verdict = project.waived(s, planned.manifest)
     if graph:
@@ -398,6 +411,42 @@ def cache_pull(config: Config, flags: Flags, target: str | None) -> str:
 
     s = settings(config, flags)
     return pull(s, _target(s, target))
+
+
+# ---- verify ----------------------------------------------------------------------------------
+
+def verify(config: Config, flags: Flags, target: str | None, stages: Sequence[str] | None, *,
+           rebuild: bool, image: str | None = None, builder: str | None = None,
+           progress: str = "auto", as_json: bool = False) -> Iterator[str]:
+    """`invoke verify --rebuild`: the lines to print, then NotReproducibleError naming the
+    first stage whose rebuild differs from its stored artifact (or from `image`)."""
+    from imageforge.buildkit import verify as verify_mod
+    from imageforge.sources import cabundle
+
+    if not rebuild:
+        raise UsageError("verify needs --rebuild: it builds the stages again from scratch and "
+                         "compares them with their stored artifacts.")
+    if image and (target or stages):
+        raise UsageError(f"verify --image {image}: the image's labels name its target and "
+                         "stages; drop --target and --stage.")
+    s = settings(config, flags)
+    bundle = cabundle.resolve(pick(None, config, "ca_bundle"))
+    if image:
+        from imageforge.buildkit.verifyimage import verify_image
+
+        verdicts = [verify_image(s, image, builder=builder, progress=progress_mode(progress),
+                                 ca_bundle=bundle)]
+        target = verdicts[0].stage
+    else:
+        target = _target(s, target)
+        verdicts = verify_mod.rebuild(s, target, list(stages or ()), builder=builder,
+                                      progress=progress_mode(progress), ca_bundle=bundle)
+    if as_json:
+        yield json.dumps({"target": target, "stages": [v.to_json() for v in verdicts]},
+                         indent=2)
+    else:
+        yield from verify_mod.lines(verdicts)
+    verify_mod.raise_if_failed(verdicts, image or "its stored artifact")
 
 
 # ---- build and test-image ------------------------------------------------------------------
@@ -552,6 +601,7 @@ class NightlyRequest:
     report: str | None = None
     webhook: str | None = None
     matrix: str | None = None
+    verify: str = "0"
 
 
 def nightly_options(config: Config, request: NightlyRequest) -> NightlyOptions:
@@ -565,7 +615,14 @@ def nightly_options(config: Config, request: NightlyRequest) -> NightlyOptions:
         channel=request.channel, template=request.tag_template,
         size_budget=ratio("size-budget", request.size_budget),
         report_dir=Path(request.report) if request.report else None,
-        webhook=pick(request.webhook, config, "webhook", "IMAGEFORGE_WEBHOOK_URL"))
+        webhook=pick(request.webhook, config, "webhook", "IMAGEFORGE_WEBHOOK_URL"),
+        verify=count("verify", request.verify))
+
+
+def count(flag: str, value: str) -> int:
+    if not value.isdigit():
+        raise UsageError(f"--{flag} {value}: give a number of stages, e.g. 2 (0: none).")
+    return int(value)
 
 
 def nightly(config: Config, flags: Flags, request: NightlyRequest) -> Iterator[str]:

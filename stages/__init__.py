@@ -65,6 +65,10 @@ def _discover(directories: tuple[Path, ...]) -> Mapping[str, Stage]:
             registry[stage.name] = stage
             where[stage.name] = str(path)
     for name, stage in registry.items():
+        if not stage.reproducible and not stage.reproducible_reason.strip():
+            raise UsageError(f"{where[name]}: stage {name!r} says reproducible=False without "
+                             "a reason; set reproducible_reason to what differs between "
+                             "builds and why it cannot be helped.")
         unknown = [d for d in (*stage.deps, *([stage.parent] if stage.parent else []))
                    if d not in registry]
         if unknown:

@@ -57,6 +57,8 @@ def recipe(ctx: Context) -> str:
         "cd aws-efa-installer",
         sh("./efa_installer.sh", *inputs["flags"]),
         "rm -rf /tmp/efa",
+        # The installer runs ldconfig (dockerfile.LDCONFIG says why this goes).
+        "rm -f /var/cache/ldconfig/aux-cache",
         *(["rm -rf /var/lib/apt/lists/*"] if update else []),
         mounts=[bind("src-efa", "/src")],
     )

@@ -33,7 +33,15 @@ from packaging.version import InvalidVersion, Version
 
 from imageforge.image import smoke
 from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
-from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
+from imageforge.planning.dockerfile import (
+    CCACHE_MOUNT,
+    LDCONFIG,
+    USE_CCACHE,
+    apt_install,
+    bind,
+    run,
+    sh,
+)
 from imageforge.sources.sources import Source
 from stages.nccl_pytorch_pin import PIN as PYTORCH_PIN
 from stages.nccl_rules import RULES
@@ -114,7 +122,7 @@ def remove_other_libnccl(ctx: Context) -> str:
         f"find {' '.join(dirs)} -maxdepth 1 \\( -name 'libnccl.so*' -o -name "
         f"'libnccl_static.a' \\) ! -path {sh(prefix + '/*')} -print -delete 2>/dev/null || true",
         sh("rm", "-f", *headers),
-        "ldconfig",
+        LDCONFIG,
     )
 
 

@@ -4,7 +4,7 @@ running it again for: containerd's blob-lock race between two exporters."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from imageforge import log
@@ -21,25 +21,27 @@ BAKE_ATTEMPTS = 3
 
 
 def run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *,
-              cache: Path, push: str | None, outputs: Sequence[Path] = ()) -> None:
-    """Run the bake, showing its progress. A bake that lost only containerd's blob-lock race
-    runs again (its half-written `outputs` removed first); any other failure raises."""
+              cache: Path, push: str | None, outputs: Sequence[Path] = (),
+              stages: Collection[str] | None = None) -> None:
+    """Run the bake, showing its progress (the caller holds `progress` open, across every
+    bake of one build); `stages` are the ones this bake builds (all when None). A bake that
+    lost only containerd's blob-lock race runs again (its half-written `outputs` removed
+    first); any other failure raises."""
     other: list[str] = []
-    with progress:
-        for attempt in range(1, BAKE_ATTEMPTS + 1):
-            other.clear()
-            code = _bake_once(argv, progress, env, other)
-            if code == 0:
-                progress.succeeded()
-                return
-            failed_stage = any(s.state == "failed" for s in progress.stages.values())
-            if failed_stage or attempt == BAKE_ATTEMPTS or not bakefail.contended("\n".join(other)):
-                break
-            log.warning(f"BuildKit lost a race for a blob lock in containerd while exporting "
-                        f"(attempt {attempt} of {BAKE_ATTEMPTS}); running the bake again, "
-                        "every step is cached.")
-            for output in outputs:
-                shutil.rmtree(output, ignore_errors=True)
+    for attempt in range(1, BAKE_ATTEMPTS + 1):
+        other.clear()
+        code = _bake_once(argv, progress, env, other)
+        if code == 0:
+            progress.succeeded(stages)
+            return
+        failed_stage = any(s.state == "failed" for s in progress.stages.values())
+        if failed_stage or attempt == BAKE_ATTEMPTS or not bakefail.contended("\n".join(other)):
+            break
+        log.warning(f"BuildKit lost a race for a blob lock in containerd while exporting "
+                    f"(attempt {attempt} of {BAKE_ATTEMPTS}); running the bake again, "
+                    "every step is cached.")
+        for output in outputs:
+            shutil.rmtree(output, ignore_errors=True)
     failed = [s for s in progress.stages.values() if s.state == "failed"]
     # A stopped daemon, a full disk or a failing registry is not the recipe's fault.
     known = bakefail.explain("\n".join([*other, *(s.error or "" for s in failed)]),

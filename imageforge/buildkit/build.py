@@ -1,8 +1,10 @@
-"""Run a plan: build what no cache holds, in one BuildKit (bake) run, and keep the results.
+"""Run a plan: build what no cache holds, in BuildKit (bake) runs, and keep the results.
 
 Stages found in the local artifact store or the remote registry reach BuildKit as named
 contexts (oci-layout:// or docker-image://); the rest build in one bake run that also
-exports each newly built stage as an OCI layout, adopted into the store under its key.
+exports each newly built stage (an OCI layout, or a named image in the engine's store),
+adopted into the store under its key. An image stage that reads stages built in this run
+builds in a later bake, from what the earlier one stored (execute.waves).
 Per-key locks make concurrent builds on one cache share work instead of repeating it.
 """
 
@@ -12,6 +14,7 @@ import dataclasses
 import json
 import shutil
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,10 +53,12 @@ from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
     LayerCache,
     bake_file,
+    fresh_cache_mounts,
     is_external,
     make_run,
     reused,
     to_build,
+    waves,
     whole_images,
 )
 from imageforge.planning.plan import Plan
@@ -61,14 +66,15 @@ from imageforge.planning.plan import Plan
 
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:
     clock = Clock()
-    store = project.artifact_store(settings, images=_image_store(options.builder))
+    store = project.artifact_store(settings, images=image_store(options.builder))
     hosts = [remote_mod.check_repository(settings.remote).split("/", 1)[0]] \
         if settings.remote else []
     push_host = remote_mod.registry_host(options.tag) if options.push and options.tag else None
     if push_host:
         hosts.append(push_host)
     with remote_mod.credentials(hosts) as env:
-        remote = Remote(repository=settings.remote, env=env) if settings.remote else None
+        remote = Remote(repository=settings.remote, env=env,
+                        verified_in=settings.verified_in) if settings.remote else None
         return _build(settings, options, store, remote, env, clock)
 
 
@@ -129,7 +135,7 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
     lock digests, waivers, the imageforge revision). BuildKit is not called at all; None
     when the image is missing or differs in any label (it is then made again, from the
     cached stages), or the target's own entry is corrupt (it is rebuilt)."""
-    wanted, _ = image_metadata(settings, planned)
+    wanted = image_metadata(settings, planned)
     image_id, present = local_image(tag)
     if image_id is None or present is None:
         return None
@@ -192,7 +198,7 @@ def _reuse_contexts(store: ArtifactStore, remote: Remote | None, planned: Plan,
         stage = planned.stage(name)
         if stage.status == "remote":
             assert remote is not None
-            contexts[name] = f"docker-image://{remote.ref(name, stage.key)}"
+            contexts[name] = remote.context(name, stage.key)
             continue
         entry = store.verify(stage.key)
         if entry is None:
@@ -215,43 +221,29 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                                                      settings.cache_dir / "sources" / "local"))
     clock.lap("fetch")
     scratch = store.scratch()
+    tag = options.tag or default_tag(planned)
+    progress = BuildProgress([s.name for s in planned.stages], options.progress)
+    for name in contexts:
+        if name in progress.stages:
+            progress.preset(name, "remote" if planned.stage(name).status == "remote"
+                            else "cached")
+    metadata: dict[str, Any] = {}
     try:
-        run = make_run(planned, planned.registry, building, contexts)
-        images = {n: store.image_ref(n, planned.stage(n).key)
-                  for n in whole_images(planned, building)} if store.images is not None else {}
-        artifact_dirs = {name: scratch / name for name in building if name not in images}
-        tag = options.tag or default_tag(planned)
-        workdir = scratch / "build"
-        (workdir / "context").mkdir(parents=True)
-        (workdir / "Dockerfile").write_text(run.dockerfile)
-        image_labels, epoch = image_metadata(settings, planned)
-        generator = ensure_sbom_generator() if options.push else None
-        layers = LayerCache(location=absolute_if_local(settings.layer_cache),
-                            modes={n: planned.registry[n].layer_cache for n in building}) \
-            if settings.layer_cache else None
-        spec = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
-                         platform=str(planned.manifest.image["platform"]), push=options.push,
-                         artifact_dirs=artifact_dirs, artifact_images=images,
-                         source_date_epoch=epoch,
-                         layer_cache=layers, sbom_generator=generator,
-                         secrets=_secrets(options))
-        (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
-        progress = BuildProgress([s.name for s in planned.stages], options.progress)
-        for name in contexts:
-            if name in progress.stages:
-                progress.preset(name, "remote" if planned.stage(name).status == "remote"
-                                else "cached")
-        argv = [docker_binary(), *builder_args(options.builder), "bake", "-f",
-                str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
-                str(workdir / "metadata.json")]
-        clock.lap("render")
-        bake.run_bake(argv, progress, env, cache=store.root,
-                  push=tag if options.push else None, outputs=list(artifact_dirs.values()))
-        clock.lap("bake")
-        clock.phases["export"] = round(progress.export_seconds, 3)
-        metadata = read_object(workdir / "metadata.json") or {}
-        _keep_artifacts(store, planned, building, artifact_dirs, progress)
-        _keep_images(store, planned, images, metadata, progress)
+        with progress:
+            # No stage to build (only the image to make again): one bake of the image.
+            parts = waves(planned, building) or [[]]
+            for number, wave in enumerate(parts):
+                later = {n for part in parts[number + 1:] for n in part}
+                metadata = _bake_wave(settings, options, store, planned, wave, contexts, env,
+                                      clock, progress, scratch / f"bake-{number}",
+                                      tag=None if later else tag, later=later)
+                # The next bakes read what this one stored, as every later build will.
+                for name in wave:
+                    entry = store.get(planned.stage(name).key)
+                    if entry is None:
+                        raise CacheError(f"the artifact of {name} was not stored; build "
+                                         "again.")
+                    contexts[name] = entry.context
         for name in contexts:
             if name in progress.stages and planned.stage(name).status == "cached":
                 store.touch(planned.stage(name).key)
@@ -267,7 +259,9 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     results = tuple(
         StageResult(name=s.name, key=s.key,
                     state="built" if s.name in building else progress.stages[s.name].state,
-                    seconds=round(progress.stages[s.name].seconds, 2))
+                    seconds=round(progress.stages[s.name].seconds, 2),
+                    steps_run=progress.stages[s.name].steps[0],
+                    steps=progress.stages[s.name].steps[1])
         for s in planned.stages)
     result = BuildResult(target=planned.target, tag=tag, stages=results,
                          seconds=round(time.time() - started, 2), report=None,
@@ -280,11 +274,55 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     return dataclasses.replace(result, report=report, uptodate=uptodate)
 
 
+def _bake_wave(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+               planned: Plan, building: list[str], contexts: Mapping[str, str],
+               env: Mapping[str, str], clock: Clock, progress: BuildProgress, workdir: Path,
+               *, tag: str | None, later: set[str]) -> dict[str, Any]:
+    """One bake: build `building` from `contexts`, store their artifacts and, with a `tag`,
+    make the image. Returns BuildKit's metadata of the bake."""
+    run = make_run(planned, planned.registry, building, contexts, final=tag is not None)
+    dockerfile = fresh_cache_mounts(run.dockerfile, uuid.uuid4().hex[:12]) \
+        if options.no_cache else run.dockerfile
+    images = {n: store.image_ref(n, planned.stage(n).key)
+              for n in whole_images(planned, building)} if store.images is not None else {}
+    artifact_dirs = {name: workdir / "out" / name for name in building if name not in images}
+    (workdir / "context").mkdir(parents=True)
+    (workdir / "Dockerfile").write_text(dockerfile)
+    image_labels = image_metadata(settings, planned, options.revision)
+    generator = ensure_sbom_generator() if options.push and tag is not None else None
+    layers = LayerCache(location=absolute_if_local(settings.layer_cache),
+                        modes={n: planned.registry[n].layer_cache for n in building}) \
+        if settings.layer_cache else None
+    spec = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
+                     platform=str(planned.manifest.image["platform"]), push=options.push,
+                     artifact_dirs=artifact_dirs, artifact_images=images,
+                     layer_cache=layers, sbom_generator=generator,
+                     secrets=_secrets(options))
+    if options.no_cache:
+        for body in spec["target"].values():
+            body["no-cache"] = True
+    (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
+    argv = [docker_binary(), *builder_args(options.builder), "bake", "-f",
+            str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
+            str(workdir / "metadata.json")]
+    clock.lap("render")
+    bake.run_bake(argv, progress, env, cache=store.root,
+                  push=tag if options.push else None, outputs=list(artifact_dirs.values()),
+                  stages=[n for n in progress.stages if n not in later])
+    clock.lap("bake")
+    clock.phases["export"] = round(progress.export_seconds, 3)
+    metadata = read_object(workdir / "metadata.json") or {}
+    _keep_artifacts(store, planned, building, artifact_dirs, progress)
+    _keep_images(store, planned, images, metadata, progress)
+    clock.lap("store")
+    return metadata
+
+
 def _secrets(options: BuildOptions) -> dict[str, str]:
     return {CA_BUNDLE_SECRET: str(options.ca_bundle)} if options.ca_bundle else {}
 
 
-def _image_store(builder: str | None) -> ImageStore | None:
+def image_store(builder: str | None) -> ImageStore | None:
     """Where full-image artifacts live: the engine's image store, for the engine's own
     builder; a builder of another driver (docker-container, remote) has none."""
     if not builder:

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 from typing import IO, Any, Literal
 
@@ -27,7 +27,8 @@ Mode = Literal["auto", "plain", "json", "tty"]
 
 # "[nccl 2/3] RUN ..." from build; "[image nccl 2/3] RUN ..." from bake (target first).
 # BuildKit pads the step number once a stage has ten or more steps: "[smddp  4/10]".
-_VERTEX = re.compile(r"^\[(?:[a-z0-9._-]+ )?(?P<stage>[a-z0-9][a-z0-9._-]*) +\d+/\d+\]")
+_VERTEX = re.compile(
+    r"^\[(?:[a-z0-9._-]+ )?(?P<stage>[a-z0-9][a-z0-9._-]*) +(?P<step>\d+)/\d+\]")
 _FRACTION = re.compile(r"(\.\d{6})\d+")
 
 
@@ -41,6 +42,7 @@ def _time(stamp: str | None) -> float | None:
 class _Vertex:
     stage: str
     name: str
+    step: int
     started: float | None = None
     completed: float | None = None
     cached: bool = False
@@ -78,6 +80,15 @@ class StageProgress:
         # BuildKit never marks a FROM as cached; it builds nothing, so it does not count.
         work = [v for v in vs if not v.is_from]
         return "cached" if all(v.cached for v in work) else "built"
+
+    @property
+    def steps(self) -> tuple[int, int]:
+        """(steps run, steps) of the stage's own work in this build: a step BuildKit served
+        from its layer cache did not run. Bake reports a step once per target that reaches
+        it, so steps count by number. FROM lines build nothing and are not counted."""
+        work = [v for v in self.vertices.values() if not v.is_from]
+        ran = {v.step for v in work if v.started is not None and not v.cached}
+        return len(ran), len({v.step for v in work})
 
     @property
     def seconds(self) -> float:
@@ -132,11 +143,14 @@ class BuildProgress:
         """Mark a stage that comes from the artifact cache."""
         self.stages[name].reused = state
 
-    def succeeded(self) -> None:
-        """The build finished without error: settle every stage and show the final states.
-        Bake reports a step shared by several targets once per target but completes it
-        once; the copies that never completed did no work of their own."""
+    def succeeded(self, names: Collection[str] | None = None) -> None:
+        """A bake finished without error: settle its stages (`names`, or every stage) and
+        show their final states. Bake reports a step shared by several targets once per
+        target but completes it once; the copies that never completed did no work of their
+        own."""
         for stage in self.stages.values():
+            if names is not None and stage.name not in names:
+                continue
             stage.succeeded = True
             for vertex in stage.vertices.values():
                 if vertex.completed is None:
@@ -168,7 +182,8 @@ class BuildProgress:
         digest = raw["digest"]
         vertex = self._by_digest.get(digest)
         if vertex is None:
-            vertex = _Vertex(stage=match.group("stage"), name=raw["name"])
+            vertex = _Vertex(stage=match.group("stage"), name=raw["name"],
+                             step=int(match.group("step")))
             self._by_digest[digest] = vertex
             self.stages[vertex.stage].vertices[digest] = vertex
         vertex.started = _time(raw.get("started")) or vertex.started

@@ -23,6 +23,10 @@ class BuildOptions:
     ca_bundle: Path | None = None
     # The target's key a generated CI job was made for: any other key is refused unbuilt.
     expect_key: str | None = None
+    # Build from nothing (verify --image): BuildKit's layer cache off, cache mounts of its own.
+    no_cache: bool = False
+    # The imageforge revision the image's labels name (verify --image: the one being checked).
+    revision: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +35,10 @@ class StageResult:
     key: str
     state: str
     seconds: float
+    # Of the stage's own BuildKit steps in this build, how many ran (the rest came from
+    # BuildKit's layer cache); 0 of 0 for a stage that came from the artifact cache.
+    steps_run: int = 0
+    steps: int = 0
 
 
 class Clock:

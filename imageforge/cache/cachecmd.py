@@ -87,7 +87,7 @@ def push(settings: project.Settings, target: str | None) -> str:
         keys = [e.key for e in store.all_entries()]
     # A stage that is only its base image (base) has nothing to push.
     keys = [k for k in keys if store.get(k) is not None]
-    with remote_mod.session(settings.remote) as remote:
+    with remote_mod.session(settings.remote, verified_in=settings.verified_in) as remote:
         assert remote is not None
         pushed = push_entries(store, remote, keys, required=True)
     return f"pushed {len(pushed)} of {len(keys)} artifacts to {settings.remote}"
@@ -97,7 +97,7 @@ def pull(settings: project.Settings, target: str) -> str:
     if not settings.remote:
         raise UsageError("cache.pull needs --remote (or imageforge.remote in invoke.yaml).")
     store = project.artifact_store(settings)
-    with remote_mod.session(settings.remote) as remote:
+    with remote_mod.session(settings.remote, verified_in=settings.verified_in) as remote:
         assert remote is not None
         missing = [s for s in project.plan(settings, target).stages if s.status == "build"]
         try:
@@ -113,7 +113,7 @@ def pull(settings: project.Settings, target: str) -> str:
 
 def explain(settings: project.Settings, target: str) -> str:
     """Why each stage that must rebuild does: the inputs that differ from its last build."""
-    with remote_mod.session(settings.remote) as remote:
+    with remote_mod.session(settings.remote, verified_in=settings.verified_in) as remote:
         planned = project.plan(settings, target, remote=remote)
     building = to_build(planned)
     if not building:

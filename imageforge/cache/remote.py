@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from imageforge import log
+from imageforge.cache import verified
 from imageforge.cache.artifacts import key_hex
 from imageforge.cmd import docker_binary, run
 from imageforge.errors import CacheError
@@ -50,6 +51,9 @@ class RemoteUnavailable(Exception):
 class Remote:
     repository: str
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # cache_trust = "verified": the cache directory whose records say which artifacts a
+    # rebuild verified (cache/verified.py); only those are used. None: any artifact is.
+    verified_in: Path | None = None
 
     @property
     def host(self) -> str:
@@ -59,17 +63,34 @@ class Remote:
         return f"{self.repository}/{stage}:{key_hex(key)}"
 
     def exists(self, stage: str, key: str, *, timeout: float = INSPECT_TIMEOUT) -> bool:
-        """Whether the artifact is in the registry; RemoteUnavailable when it cannot tell
-        (also when docker has not answered within `timeout` seconds)."""
+        """Whether the registry holds an artifact of `key` this build may use: under
+        cache_trust = "verified" only the one a rebuild verified (verified.py), and one
+        replaced since is refused (NotReproducibleError). RemoteUnavailable when it cannot
+        tell (also when docker has not answered within `timeout` seconds)."""
+        served = self.digest(stage, key, timeout=timeout)
+        if served is None or self.verified_in is None:
+            return served is not None
+        wanted = verified.verified_remote_digest(self.verified_in, key, self.repository)
+        if wanted is None:
+            log.warning(f"cache_trust = verified: {self.ref(stage, key)} was never verified by "
+                        f"a rebuild, so it is not used; {stage} builds here (invoke verify "
+                        f"--rebuild --remote {self.repository} verifies it).")
+            return False
+        if served != wanted:
+            verified.refuse_replaced(stage, key, self.ref(stage, key), served, wanted)
+        return True
+
+    def digest(self, stage: str, key: str, *, timeout: float = INSPECT_TIMEOUT) -> str | None:
+        """The manifest digest the registry serves for the artifact; None: it has none."""
         proc = run([docker_binary(), "buildx", "imagetools", "inspect", self.ref(stage, key),
                     "--format", "{{json .Manifest.Digest}}"], timeout=timeout, env=self.env,
                    error=RemoteUnavailable,
                    timed_out=f"{self.host} did not answer within {timeout:g} s")
         if proc.returncode == 0:
-            return True
+            return str(json.loads(proc.stdout.decode()))
         error = proc.stderr.decode(errors="replace").strip().lower()
         if "not found" in error or "manifest unknown" in error:
-            return False
+            return None
         if any(word in error for word in _UNREACHABLE):
             raise RemoteUnavailable(error.splitlines()[-1] if error else "no answer")
         if "unauthorized" in error or "authorization failed" in error:
@@ -77,6 +98,14 @@ class Remote:
                              "IMAGEFORGE_REGISTRY_USER/IMAGEFORGE_REGISTRY_PASSWORD or "
                              "`docker login`.")
         raise RemoteUnavailable(error.splitlines()[-1] if error else "unknown error")
+
+    def context(self, stage: str, key: str) -> str:
+        """How BuildKit reads the artifact: under cache_trust = "verified" by the digest a
+        rebuild verified, so BuildKit checks every blob it reads against it."""
+        wanted = verified.verified_remote_digest(self.verified_in, key, self.repository) \
+            if self.verified_in is not None else None
+        ref = self.ref(stage, key)
+        return f"docker-image://{ref}@{wanted}" if wanted else f"docker-image://{ref}"
 
     def holds(self, artifacts: Sequence[tuple[str, str]]) -> list[bool]:
         """Whether the registry holds each (stage, key), asking HOLDS_AT_ONCE at a time;
@@ -93,16 +122,17 @@ def check_repository(repository: str) -> str:
 
 
 @contextmanager
-def session(repository: str | None, environ: Mapping[str, str] | None = None
-            ) -> Iterator[Remote | None]:
+def session(repository: str | None, environ: Mapping[str, str] | None = None, *,
+            verified_in: Path | None = None) -> Iterator[Remote | None]:
     """A Remote for the duration of a command, with credentials from the environment
-    placed in a private docker config that is deleted afterwards."""
+    placed in a private docker config that is deleted afterwards (`verified_in`: see
+    Remote)."""
     if not repository:
         yield None
         return
     check_repository(repository)
     with credentials(repository.split("/", 1)[0], environ) as env:
-        yield Remote(repository=repository, env=env)
+        yield Remote(repository=repository, env=env, verified_in=verified_in)
 
 
 @contextmanager

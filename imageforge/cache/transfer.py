@@ -53,7 +53,7 @@ def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[st
         dirs = {key: scratch / key[7:] for _, key in wanted}
         targets = {
             f"pull-{i}": {"dockerfile-inline": "FROM artifact\n", "context": str(scratch),
-                          "contexts": {"artifact": f"docker-image://{remote.ref(stage, key)}"},
+                          "contexts": {"artifact": remote.context(stage, key)},
                           "output": [f"type=oci,dest={dirs[key]},tar=false"]}
             for i, (stage, key) in enumerate(wanted)
         }
@@ -70,6 +70,21 @@ def pull_entries(store: ArtifactStore, remote: Remote, wanted: Sequence[tuple[st
         return [key for _, key in wanted]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def fetch_layout(store: ArtifactStore, remote: Remote, stage: str, key: str, digest: str,
+                 dest: Path) -> None:
+    """The registry's artifact of `key`, by `digest`, as an OCI layout at `dest` (not
+    stored): what `verify --rebuild --remote` compares a rebuild with."""
+    ref = f"{remote.ref(stage, key)}@{digest}"
+    target = {"dockerfile-inline": "FROM artifact\n", "context": str(dest.parent),
+              "contexts": {"artifact": f"docker-image://{ref}"},
+              "output": [f"type=oci,dest={dest},tar=false"]}
+    failure = _bake_quietly(store, {"group": {"default": {"targets": ["fetch"]}},
+                                    "target": {"fetch": target}}, remote, outputs=[dest])
+    if failure is not None:
+        raise CacheError(f"could not read {ref} from {remote.repository} ({failure}); check "
+                         "that it answers and that the credentials are right, then run again.")
 
 
 def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,

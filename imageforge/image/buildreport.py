@@ -26,6 +26,7 @@ def report_data(planned: Plan, result: BuildResult) -> dict[str, Any]:
         "image_digest": result.image_digest,
         "seconds": result.seconds,
         "stages": [dataclasses.asdict(s) for s in result.stages],
+        **({"not_reproducible": planned.not_reproducible} if planned.not_reproducible else {}),
         "phases": dict(result.phases),
     }
 
@@ -36,15 +37,17 @@ def markdown_summary(result: BuildResult) -> str:
     lines = [f"### imageforge build: {result.target}", "",
              f"Image `{result.tag}`" + (f" `{result.image_digest}`" if result.image_digest else ""),
              f"in {result.seconds:.1f} s; rebuilt: {rebuilt}.", "",
-             "| stage | result | seconds | key |", "|---|---|---:|---|"]
-    lines += [f"| {s.name} | {s.state} | {s.seconds:.1f} | `{s.key[7:19]}` |"
+             "| stage | result | seconds | steps run | key |", "|---|---|---:|---:|---|"]
+    lines += [f"| {s.name} | {s.state} | {s.seconds:.1f} | "
+              f"{f'{s.steps_run} of {s.steps}' if s.steps else '-'} | `{s.key[7:19]}` |"
               for s in result.stages]
     return "\n".join(lines) + "\n"
 
 
 def summary(result: BuildResult) -> str:
-    lines = [f"{'stage':<18} {'result':<8} {'seconds':>8}"]
-    lines += [f"{s.name:<18} {s.state:<8} {s.seconds:>8.1f}" for s in result.stages]
+    lines = [f"{'stage':<18} {'result':<8} {'seconds':>8}  steps run"]
+    lines += [f"{s.name:<18} {s.state:<8} {s.seconds:>8.1f}  "
+              + (f"{s.steps_run} of {s.steps}" if s.steps else "-") for s in result.stages]
     lines.append(f"image {result.tag}  ({result.seconds:.1f}s)")
     rebuilt = result.rebuilt
     lines.append(f"rebuilt: {', '.join(rebuilt)}" if rebuilt

@@ -30,10 +30,12 @@ def project_revision() -> str:
     return head.stdout.strip() if head.returncode == 0 else "unknown"
 
 
-def image_metadata(settings: project.Settings, planned: Plan) -> tuple[dict[str, str], int | None]:
-    """The labels of the final image and its SOURCE_DATE_EPOCH (from the lock)."""
+def image_metadata(settings: project.Settings, planned: Plan, revision: str | None = None
+                   ) -> dict[str, str]:
+    """The labels of the final image; its creation date is the lock's (the config's own
+    is buildkit's fixed SOURCE_DATE_EPOCH, planning/execute.py)."""
     values = labels(planned)
-    values[f"{LABEL_PREFIX}.revision"] = project_revision()
+    values[f"{LABEL_PREFIX}.revision"] = revision or project_revision()
     values["org.opencontainers.image.revision"] = values[f"{LABEL_PREFIX}.revision"]
     current = project.current_lock(settings)
     epoch = None
@@ -44,7 +46,7 @@ def image_metadata(settings: project.Settings, planned: Plan) -> tuple[dict[str,
     if epoch is not None:
         values["org.opencontainers.image.created"] = datetime.fromtimestamp(
             epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return values, epoch
+    return values
 
 
 def labels(planned: Plan) -> dict[str, str]:

@@ -23,6 +23,7 @@ import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from imageforge import log
+from imageforge.buildkit import verify
 from imageforge.buildkit.build import build
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cache import remote as remote_mod
@@ -31,6 +32,7 @@ from imageforge.errors import FatalError, RegistryError, UsageError
 from imageforge.image import golden
 from imageforge.jsonfile import read_object
 from imageforge.planning import project
+from imageforge.sources import cabundle
 from imageforge.sources.download import redact
 
 T = TypeVar("T")
@@ -46,6 +48,7 @@ class NightlyOptions:
     size_budget: float = 1.2           # AWS DLC fails a build 1.2x over its size baseline
     report_dir: Path | None = None
     webhook: str | None = None
+    verify: int = 0                    # stages to rebuild from scratch and compare
 
 
 @dataclasses.dataclass
@@ -69,6 +72,8 @@ class Nightly:
     image: dict[str, Any] = dataclasses.field(default_factory=dict)
     promoted: str | None = None
     error: str | None = None
+    # `--verify N`: what rebuilding those stages from scratch found (buildkit/verify.py).
+    verified: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @contextmanager
     def step(self, name: str) -> Iterator[Step]:
@@ -117,6 +122,7 @@ def _image(settings: project.Settings, options: NightlyOptions, report: Nightly)
                         "size": last.get("size")}
         report.steps.append(Step(name="build", status="skipped",
                                  detail=f"{options.channel} already holds key {planned.key[:19]}"))
+        _verify(settings, options, report)
         return
     tag = golden.tag_for(planned, options.template, repository=options.repository)
     with report.step("build") as step:
@@ -127,6 +133,7 @@ def _image(settings: project.Settings, options: NightlyOptions, report: Nightly)
         step.detail = "rebuilt: " + (", ".join(result.rebuilt) or "nothing")
     with report.step("test-image") as step:
         step.detail = _test(settings, tag)
+    _verify(settings, options, report)
     digest = _local_digest(tag)
     size = golden.image_size(tag)
     report.image = {"tag": tag, "digest": digest, "size": size}
@@ -149,6 +156,20 @@ def _image(settings: project.Settings, options: NightlyOptions, report: Nightly)
     _write_json(state_path, {"key": planned.key, "ref": tag, "digest": digest, "size": size,
                              "promoted": report.promoted, "date": report.started})
     report.status = "ok"
+
+
+def _verify(settings: project.Settings, options: NightlyOptions, report: Nightly) -> None:
+    """`--verify N`: rebuild the N stages verified longest ago from scratch and compare them
+    with their artifacts; a difference fails the nightly before anything is promoted."""
+    if not options.verify:
+        return
+    with report.step("verify --rebuild") as step:
+        chosen = verify.least_recently_verified(settings, report.target, options.verify)
+        verdicts = verify.rebuild(settings, report.target, chosen, progress="plain",
+                                  ca_bundle=cabundle.resolve(None))
+        report.verified = [v.to_json() for v in verdicts]
+        step.detail = ", ".join(f"{v.stage} {v.result}" for v in verdicts) or "no stage"
+        verify.raise_if_failed(verdicts)
 
 
 # ---- a matrix ----------------------------------------------------------------------------

@@ -135,6 +135,11 @@ class Stage:
     # that judges a manifest and the data file beside the module (source, fix hint, version
     # tables); notes are findings `invoke check` prints that are nothing to waive.
     rules: tuple[Rule | PinRule | Note, ...] = ()
+    # False for a stage whose artifact cannot be made byte-identical across builds of one key,
+    # with the reason: plans and build reports show it, and `invoke verify --rebuild` reports
+    # its differences without failing. Every other stage is held to it by that rebuild.
+    reproducible: bool = True
+    reproducible_reason: str = ""
 
 
 def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:

@@ -41,6 +41,12 @@ USE_CA_BUNDLE = (f"if [ -s /run/secrets/{CA_BUNDLE_SECRET} ]; then export "
                  f"SSL_CERT_FILE=/run/secrets/{CA_BUNDLE_SECRET}; fi")
 # pip's downloads, kept on the build host between builds like ccache's results.
 PIP_CACHE_MOUNT = "type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked"
+# pip builds an sdist in a directory of a random name, which the compiler writes into the
+# debug information of every extension module: no debug information, the same bytes.
+REPRODUCIBLE_C = 'export CFLAGS="${CFLAGS:+$CFLAGS }-g0"'
+# ldconfig keeps inode numbers and file times in this cache of its own: nothing reads it but
+# ldconfig, which rebuilds it, and it differs in every build.
+LDCONFIG = "ldconfig && rm -f /var/cache/ldconfig/aux-cache"
 
 
 def env_line(variables: Mapping[str, str]) -> str:

@@ -21,6 +21,14 @@ FINAL = "imageforge-image"
 UNCOMPRESSED = "compression=uncompressed"
 LOCAL_IMAGE = f"type=docker,{UNCOMPRESSED}"
 ARTIFACT_PREFIX = "imageforge-artifact-"
+# The SOURCE_DATE_EPOCH of every build step, artifact and image: 1980-01-01, the earliest
+# time a zip (a wheel) can hold. One constant, not the lock's date, because an artifact is
+# shared by every lock whose pins give the same key: same key, same bytes. The image's
+# org.opencontainers.image.created label still carries the lock's date.
+SOURCE_DATE_EPOCH = 315532800
+# OCI layouts: BuildKit clamps every file time newer than SOURCE_DATE_EPOCH to it. The
+# engine's own image exporter refuses this option (it unpacks what it stores).
+REWRITE_TIMESTAMP = "rewrite-timestamp=true"
 
 
 def full_artifact_stages(registry: Mapping[str, Stage]) -> set[str]:
@@ -35,6 +43,15 @@ def whole_images(plan: Plan, building: list[str]) -> list[str]:
     image store (cache/imagestore.py) where it has one, instead of an OCI layout."""
     full = full_artifact_stages(plan.registry)
     return [n for n in building if n in full]
+
+
+_CACHE_MOUNT_ID = re.compile(r"(--mount=type=cache,id=)([A-Za-z0-9_.-]+)")
+
+
+def fresh_cache_mounts(dockerfile: str, token: str) -> str:
+    """The Dockerfile with cache mounts of its own: a build from nothing must not take pip's
+    wheels or ccache's objects from earlier builds."""
+    return _CACHE_MOUNT_ID.sub(lambda m: f"{m.group(1)}{m.group(2)}-verify-{token}", dockerfile)
 
 
 def is_external(stage: PlannedStage) -> bool:
@@ -84,6 +101,20 @@ def reused(plan: Plan, building: list[str]) -> list[str]:
             if s.name in used and s.name not in building and not is_external(s)]
 
 
+def waves(plan: Plan, building: list[str]) -> list[list[str]]:
+    """`building` split into bakes run one after another. An image stage goes after every
+    stage it reads that this run builds, so it always reads them as stored artifacts: the
+    same contexts every later build gives it. Its gathering steps (FROM, COPY --from) then
+    have the same BuildKit cache keys in a cold build as in the one that changes only its
+    own pin, and BuildKit re-runs only what that pin changed. Everything else builds in one
+    bake, where BuildKit runs independent stages side by side."""
+    wave: dict[str, int] = {}
+    for name in building:
+        reads = [wave[d] for d in read_by(plan, [name]) if d in wave]
+        wave[name] = max(reads, default=0) + (1 if reads and plan.registry[name].image else 0)
+    return [[n for n in building if wave[n] == w] for w in sorted(set(wave.values()))]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Run:
     """One build run: the Dockerfile text, the contexts and the bake targets."""
@@ -94,9 +125,11 @@ class Run:
 
 
 def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
-             contexts: Mapping[str, str]) -> Run:
+             contexts: Mapping[str, str], *, final: bool = True) -> Run:
+    """The Dockerfile of one bake: the blocks of `building`, their artifacts' export
+    targets and, when `final`, the image."""
     full = full_artifact_stages(registry)
-    used = read_by(plan, building) | {plan.target}
+    used = read_by(plan, building) | ({plan.target} if final else set())
     blocks = [(s.name, s.recipe) for s in plan.stages if is_external(s) and s.name in used]
     blocks += [(name, plan.stage(name).recipe) for name in building]
     artifact_targets: dict[str, str] = {}
@@ -108,7 +141,8 @@ def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
         lines += [f"COPY --from={name} {path} {path}" for path in registry[name].exports]
         blocks.append((f"artifact of {name}", "\n".join(lines) + "\n"))
         artifact_targets[name] = ARTIFACT_PREFIX + name
-    blocks.append(("image", f"FROM {plan.target} AS {FINAL}\n"))
+    if final:
+        blocks.append(("image", f"FROM {plan.target} AS {FINAL}\n"))
     text = render_dockerfile(blocks, manifest=str(plan.manifest.path), target=plan.target)
     return Run(dockerfile=text, contexts=dict(contexts), artifact_targets=artifact_targets)
 
@@ -136,22 +170,24 @@ class LayerCache:
         return [f"type=registry,ref={self.location}/{s}:buildcache" for s in sorted(self.modes)]
 
 
-def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], platform: str,
+def bake_file(run: Run, *, workdir: Path, tag: str | None, labels: Mapping[str, str], platform: str,
               push: bool, artifact_dirs: Mapping[str, Path],
               artifact_images: Mapping[str, str] | None = None,
-              source_date_epoch: int | None = None,
               layer_cache: LayerCache | None = None,
               sbom_generator: str | None = None,
               secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A docker-bake.json building the image and exporting every new artifact in one go:
-    into the engine's image store by name (`artifact_images`, stage -> name), the others as
-    OCI layouts (`artifact_dirs`). `secrets` (id -> file) reach only the RUN steps that
-    mount them, never a layer."""
+    """A docker-bake.json building the image (tagged `tag`; none without one) and exporting
+    every new artifact in one go: into the engine's image store by name (`artifact_images`,
+    stage -> name), the others as OCI layouts (`artifact_dirs`). `secrets` (id -> file)
+    reach only the RUN steps that mount them, never a layer."""
     common: dict[str, Any] = {
         "context": str(workdir / "context"),
         "dockerfile": str(workdir / "Dockerfile"),
         "contexts": dict(sorted(run.contexts.items())),
         "platforms": [platform],
+        # One value in every target of the bake: the stages' steps read it (render.py), so
+        # any difference would make BuildKit run them once per target.
+        "args": {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
     }
     if secrets:
         common["secret"] = [f"id={key},src={path}" for key, path in sorted(secrets.items())]
@@ -159,16 +195,13 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
         common["cache-from"] = layer_cache.cache_from()
     image: dict[str, Any] = {**common, "target": FINAL, "tags": [tag], "labels": dict(labels),
                              "output": ["type=registry" if push else LOCAL_IMAGE]}
-    if source_date_epoch is not None:
-        # BuildKit stamps the image config with it: same lock, same config.
-        image["args"] = {"SOURCE_DATE_EPOCH": str(source_date_epoch)}
     if push:
         # Provenance of what a registry serves; it records build args, so secrets never
         # travel as build args (BuildKit secrets only).
         image["attest"] = ["type=provenance,mode=max"]
         if sbom_generator:
             image["attest"].append(f"type=sbom,generator={sbom_generator}")
-    targets: dict[str, Any] = {"image": image}
+    targets: dict[str, Any] = {"image": image} if tag is not None else {}
     for stage, target in run.artifact_targets.items():
         if artifact_images and stage in artifact_images:
             # No attestation: the artifact is looked up by its digest, and provenance would
@@ -181,7 +214,8 @@ def bake_file(run: Run, *, workdir: Path, tag: str, labels: Mapping[str, str], p
         else:
             targets[f"artifact-{stage}"] = {
                 **common, "target": target,
-                "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false"],
+                "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false,"
+                           f"{REWRITE_TIMESTAMP}"],
             }
         if layer_cache is not None:
             # The stage itself (not its artifact), so the mode applies to its own steps.

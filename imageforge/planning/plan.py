@@ -58,6 +58,12 @@ class Plan:
     def sources(self) -> list[Source]:
         return [src for stage in self.stages for src in stage.sources]
 
+    @property
+    def not_reproducible(self) -> dict[str, str]:
+        """The stages of this plan declared not reproducible, with their reasons."""
+        return {s.name: self.registry[s.name].reproducible_reason for s in self.stages
+                if not self.registry[s.name].reproducible}
+
     def to_json(self, manifest_label: str) -> dict[str, Any]:
         extended = self.manifest.image.get("extends")
         return {
@@ -70,6 +76,8 @@ class Plan:
                  "inputs": dict(s.inputs)}
                 for s in self.stages
             ],
+            # Only when a stage declares it: each stage's object keeps DESIGN.md's shape.
+            **({"not_reproducible": self.not_reproducible} if self.not_reproducible else {}),
         }
 
 

@@ -54,6 +54,13 @@ class Settings:
     mirror: str | None = None
     # Whole-image artifacts by name in the engine's image store (False: OCI layouts).
     image_store: bool = True
+    # cache_trust = "verified": only remote artifacts a rebuild verified (cache/verified.py).
+    trust_verified: bool = False
+
+    @property
+    def verified_in(self) -> Path | None:
+        """Where the records of verified artifacts are, when only those may be used."""
+        return self.cache_dir if self.trust_verified else None
 
     @functools.cached_property
     def opened(self) -> ManifestLock:

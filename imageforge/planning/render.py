@@ -42,6 +42,10 @@ def render_stage(stage: Stage, ctx: Context, registry: Mapping[str, Stage],
     body = stage.recipe(ctx).strip()
     if body:
         lines.append(body)
+    if len(lines) > 1:
+        # Every step sees the one SOURCE_DATE_EPOCH of all builds (bake passes it): Python
+        # then writes hash-based .pyc files, wheel and tar tools stamp it instead of now.
+        lines.insert(1, "ARG SOURCE_DATE_EPOCH")
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,14 @@ from imageforge import cmd
 from imageforge.errors import LockError, SourceError
 from imageforge.model.manifest import Manifest
 from imageforge.model.stage import Context, Inputs, Stage
-from imageforge.planning.dockerfile import CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT, USE_CA_BUNDLE, run, sh
+from imageforge.planning.dockerfile import (
+    CA_BUNDLE_MOUNT,
+    PIP_CACHE_MOUNT,
+    REPRODUCIBLE_C,
+    USE_CA_BUNDLE,
+    run,
+    sh,
+)
 from imageforge.sources import cabundle
 
 # The stage input that holds the locked set (filled from the lock, never from the manifest).
@@ -132,7 +139,7 @@ def install(stage: str, inputs: Inputs, wanted: Sequence[str], pip: str, *option
     checking = ["--require-hashes"] if locked else []
     return [
         f"COPY <<'EOF' {path}\n{text}EOF",
-        run(USE_CA_BUNDLE,
+        run(USE_CA_BUNDLE, REPRODUCIBLE_C,
             sh(pip, "install", "--disable-pip-version-check", *checking, *options, "-r", path),
             *then, mounts=[CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT]),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -9,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.integration.conftest import docker_out, invoke
 
@@ -87,6 +89,31 @@ def test_second_build_rebuilds_nothing_and_says_so(smddp_image: str, sample_mani
     stages = json.loads(report.read_text())["stages"]
     assert {s["state"] for s in stages} == {"cached"}
     assert "| smddp | cached |" in summary.read_text()
+
+
+@pytest.mark.usefixtures("smddp_image")
+def test_a_new_smddp_wheel_reruns_only_its_install_step(sample_manifest: Path,
+                                                         cache_dir: Path, upstream: str) -> None:
+    """The cold build baked smddp after the stages it gathers, reading them as stored
+    artifacts, as this build does: BuildKit's layer cache serves every gathering step and
+    only the pip install of the new wheel runs (with them read in-bake, all of them ran)."""
+    wheel = requests.get(f"{upstream}/files/smdistributed_dataparallel-1.4.1-cp311-cp311-"
+                         "linux_x86_64.whl", timeout=30)
+    wheel.raise_for_status()
+    result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest),
+                    "--set", "stages.smddp.version=1.4.1",
+                    "--set", f"stages.smddp.sha256={hashlib.sha256(wheel.content).hexdigest()}",
+                    "--tag", f"imageforge-test/smddp:{RUN}-wheel", "--progress", "plain",
+                    "--no-test", cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = max((cache_dir / "reports").glob("*-smddp.json"), key=lambda p: p.stat().st_mtime)
+    stages = {s["name"]: s for s in json.loads(report.read_text())["stages"]}
+    assert {n for n, s in stages.items() if s["state"] == "built"} == {"smddp"}
+    assert stages["smddp"]["steps"] >= 10
+    # At most the install (BuildKit may hold it too, from an earlier build of this wheel).
+    assert stages["smddp"]["steps_run"] <= 1, stages["smddp"]
+    assert f"{stages['smddp']['steps_run']} of {stages['smddp']['steps']}" in next(
+        line for line in result.stdout.splitlines() if line.startswith("smddp "))
 
 
 def test_efa_nccl_image_from_sample(sample_manifest: Path, cache_dir: Path) -> None:

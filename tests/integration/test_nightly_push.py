@@ -162,6 +162,25 @@ def test_nightly_builds_tests_pushes_promotes_then_is_up_to_date(
     assert [s["status"] for s in again["steps"] if s["name"] == "build"] == ["skipped"]
 
 
+def test_nightly_verifies_the_stages_verified_longest_ago(sample_manifest: Path,
+                                                         cache_dir: Path, tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    args = ["nightly", "--manifest", str(sample_manifest), "--target", "efa-nccl",
+            "--report", str(reports), "--verify", "2"]
+    seen = []
+    for _ in range(2):
+        result = invoke(*args, cache=cache_dir)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        report = json.loads((reports / "nightly.json").read_text())
+        [step] = [s for s in report["steps"] if s["name"] == "verify --rebuild"]
+        assert step["status"] == "ok"
+        assert {v["result"] for v in report["verified"]} <= {"same", "same files"}
+        seen.append([v["stage"] for v in report["verified"]])
+    # Never verified first, in plan order; the next night takes the next two.
+    assert seen == [["efa", "nccl"], ["aws-ofi-nccl", "nccl-tests"]]
+    assert "| verify --rebuild | ✅ ok |" in (reports / "nightly.md").read_text()
+
+
 def test_promote_refuses_a_digest_that_never_passed_test_image(registry: str,
                                                                cache_dir: Path) -> None:
     result = invoke("promote", "--image", f"{registry}/golden/x@sha256:{'0' * 64}", "--tag",

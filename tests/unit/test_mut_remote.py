@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.cache import remote
-from imageforge.errors import CacheError
+from imageforge.cache import remote, verified
+from imageforge.errors import CacheError, NotReproducibleError
 
 KEY = "sha256:" + "ab" * 32
 
@@ -90,6 +90,7 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script.write_text(f"""#!/bin/sh
 printf '%s\\n' "$@" > {tmp_path}/args
 printf '%s' "$DOCKER_CONFIG" > {tmp_path}/config
+cat {tmp_path}/stdout 2>/dev/null
 cat {tmp_path}/answer >&2
 exit $(cat {tmp_path}/code)
 """)
@@ -107,12 +108,40 @@ def _answer(where: Path, code: int, stderr: str) -> None:
 
 def test_exists_asks_imagetools_for_the_artifact_with_our_config(docker: Path) -> None:
     _answer(docker, 0, "")
+    (docker / "stdout").write_text('"sha256:0123"\n')
     r = remote.Remote(repository="reg.io:5000/cache", env={"DOCKER_CONFIG": "/private/cfg"})
     assert r.exists("efa", KEY) is True
     assert (docker / "args").read_text().splitlines() == [
         "buildx", "imagetools", "inspect", r.ref("efa", KEY), "--format",
         "{{json .Manifest.Digest}}"]
     assert (docker / "config").read_text() == "/private/cfg"
+    assert r.digest("efa", KEY) == "sha256:0123"
+    assert r.context("efa", KEY) == f"docker-image://{r.ref('efa', KEY)}"
+
+
+def test_under_verified_trust_only_the_verified_digest_is_used(docker: Path,
+                                                               tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    _answer(docker, 0, "")
+    (docker / "stdout").write_text('"sha256:0123"\n')
+    r = remote.Remote(repository="reg.io:5000/cache", verified_in=tmp_path / "cache")
+    # Never verified: not used, and the warning names the command that verifies it.
+    assert r.exists("efa", KEY) is False
+    assert "never verified by a rebuild" in capsys.readouterr().err
+    assert r.context("efa", KEY) == f"docker-image://{r.ref('efa', KEY)}"
+    verified.record(tmp_path / "cache", key=KEY, stage="efa", digest="sha256:9",
+                    remote="reg.io:5000/cache", remote_digest="sha256:0123")
+    assert r.exists("efa", KEY) is True
+    assert r.context("efa", KEY) == f"docker-image://{r.ref('efa', KEY)}@sha256:0123"
+    # Verified for another registry only: not this one's.
+    other = remote.Remote(repository="reg.io:5000/other", verified_in=tmp_path / "cache")
+    assert other.exists("efa", KEY) is False
+    # The registry now serves something else under the key: refused.
+    (docker / "stdout").write_text('"sha256:4567"\n')
+    with pytest.raises(NotReproducibleError, match=r"serves sha256:4567 as .* found "
+                                                   r"sha256:0123; the artifact was replaced"):
+        r.exists("efa", KEY)
 
 
 @pytest.mark.parametrize("error", [

@@ -24,6 +24,7 @@ def test_without_a_memo_each_stage_gives_its_paths_for_the_context() -> None:
     block = render_stage(APP, CONTEXT, REGISTRY)
     assert block == (
         "FROM base AS app\n"
+        "ARG SOURCE_DATE_EPOCH\n"
         "COPY --from=lib /out/ /\n"
         'ENV LD_LIBRARY_PATH="/opt/lib/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \\\n'
         '    PATH="/opt/lib-2.1/bin${PATH:+:${PATH}}"\n'

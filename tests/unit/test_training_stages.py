@@ -103,6 +103,7 @@ def test_code_stage_is_its_files_and_two_variables_on_smddp(code: Path) -> None:
     plan = planned(with_code(code))
     assert plan.stage("code").recipe == (
         "FROM smddp AS code\n"
+        "ARG SOURCE_DATE_EPOCH\n"
         'ENV SAGEMAKER_PROGRAM="train.py" \\\n'
         '    SAGEMAKER_SUBMIT_DIRECTORY="/opt/ml/code"\n'
         "COPY --from=src-code . /opt/ml/code/\n")
@@ -273,7 +274,7 @@ def test_ca_bundle_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_ca_bundle_is_a_secret_and_never_a_build_arg_or_label(tmp_path: Path) -> None:
     run = Run(dockerfile="", contexts={}, artifact_targets={})
     bake = bake_file(run, workdir=tmp_path, tag="t", labels={}, platform="linux/amd64",
-                     push=True, artifact_dirs={}, source_date_epoch=1,
+                     push=True, artifact_dirs={},
                      secrets={"ca-bundle": "/etc/proxy.pem"})
     image = bake["target"]["image"]
     assert image["secret"] == ["id=ca-bundle,src=/etc/proxy.pem"]

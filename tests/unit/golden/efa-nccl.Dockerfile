@@ -3,12 +3,14 @@
 
 # ---- base ----
 FROM nvidia/cuda:11.1.1-cudnn8-devel-ubuntu18.04 AS base
+ARG SOURCE_DATE_EPOCH
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends curl git wget \
     && rm -rf /var/lib/apt/lists/*
 
 # ---- efa ----
 FROM base AS efa
+ARG SOURCE_DATE_EPOCH
 RUN --mount=type=bind,from=src-efa,target=/src \
     env DEBIAN_FRONTEND=noninteractive apt-get update \
     && mkdir /tmp/efa \
@@ -17,10 +19,12 @@ RUN --mount=type=bind,from=src-efa,target=/src \
     && cd aws-efa-installer \
     && ./efa_installer.sh -y --skip-kmod -g \
     && rm -rf /tmp/efa \
+    && rm -f /var/cache/ldconfig/aux-cache \
     && rm -rf /var/lib/apt/lists/*
 
 # ---- nccl ----
 FROM base AS nccl
+ARG SOURCE_DATE_EPOCH
 RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=imageforge-ccache,target=/root/.ccache \
     export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
     && cd /tmp/nccl \
@@ -33,6 +37,7 @@ RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=im
 
 # ---- aws-ofi-nccl ----
 FROM efa AS aws-ofi-nccl
+ARG SOURCE_DATE_EPOCH
 COPY --from=nccl /out/ /
 ENV LD_LIBRARY_PATH="/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
@@ -48,6 +53,7 @@ RUN --mount=type=bind,from=src-aws-ofi-nccl,target=/tmp/aws-ofi-nccl,rw \
 
 # ---- nccl-tests ----
 FROM efa AS nccl-tests
+ARG SOURCE_DATE_EPOCH
 COPY --from=nccl /out/ /
 ENV LD_LIBRARY_PATH="/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
@@ -59,6 +65,7 @@ RUN --mount=type=bind,from=src-nccl-tests,target=/tmp/nccl-tests,rw \
 
 # ---- efa-nccl ----
 FROM efa AS efa-nccl
+ARG SOURCE_DATE_EPOCH
 COPY --from=nccl /out/ /
 COPY --from=aws-ofi-nccl /out/ /
 COPY --from=nccl-tests /out/ /
@@ -69,4 +76,4 @@ ENV LD_LIBRARY_PATH="/usr/local/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib$
     NCCL_VERSION="2.7.8"
 RUN find /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib /lib/x86_64-linux-gnu -maxdepth 1 \( -name 'libnccl.so*' -o -name 'libnccl_static.a' \) ! -path '/usr/local/*' -print -delete 2>/dev/null || true \
     && rm -f /usr/include/nccl.h /usr/include/nccl_net.h \
-    && ldconfig
+    && ldconfig && rm -f /var/cache/ldconfig/aux-cache

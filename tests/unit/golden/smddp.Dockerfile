@@ -3,12 +3,14 @@
 
 # ---- base ----
 FROM nvidia/cuda:11.3.1-cudnn8-devel-ubuntu20.04 AS base
+ARG SOURCE_DATE_EPOCH
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends curl git wget \
     && rm -rf /var/lib/apt/lists/*
 
 # ---- efa ----
 FROM base AS efa
+ARG SOURCE_DATE_EPOCH
 RUN --mount=type=bind,from=src-efa,target=/src \
     env DEBIAN_FRONTEND=noninteractive apt-get update \
     && mkdir /tmp/efa \
@@ -17,10 +19,12 @@ RUN --mount=type=bind,from=src-efa,target=/src \
     && cd aws-efa-installer \
     && ./efa_installer.sh -y --skip-kmod -g \
     && rm -rf /tmp/efa \
+    && rm -f /var/cache/ldconfig/aux-cache \
     && rm -rf /var/lib/apt/lists/*
 
 # ---- nccl ----
 FROM base AS nccl
+ARG SOURCE_DATE_EPOCH
 RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=imageforge-ccache,target=/root/.ccache \
     export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
     && cd /tmp/nccl \
@@ -33,6 +37,7 @@ RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=im
 
 # ---- aws-ofi-nccl ----
 FROM efa AS aws-ofi-nccl
+ARG SOURCE_DATE_EPOCH
 COPY --from=nccl /out/ /
 ENV LD_LIBRARY_PATH="/opt/conda/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
@@ -48,6 +53,7 @@ RUN --mount=type=bind,from=src-aws-ofi-nccl,target=/tmp/aws-ofi-nccl,rw \
 
 # ---- boost ----
 FROM base AS boost
+ARG SOURCE_DATE_EPOCH
 RUN --mount=type=bind,from=src-boost,target=/src \
     mkdir -p /tmp/boost \
     && tar -xzf /src/boost_1_73_0.tar.gz -C /tmp/boost \
@@ -58,6 +64,7 @@ RUN --mount=type=bind,from=src-boost,target=/src \
 
 # ---- python ----
 FROM base AS python
+ARG SOURCE_DATE_EPOCH
 RUN --mount=type=bind,from=src-python,target=/src \
     bash /src/Miniconda3-py38_4.10.3-Linux-x86_64.sh -b -p /opt/conda \
     && /opt/conda/bin/conda install -y python=3.8 conda-build pyyaml numpy ipython \
@@ -66,6 +73,7 @@ RUN --mount=type=bind,from=src-python,target=/src \
 
 # ---- pytorch ----
 FROM python AS pytorch
+ARG SOURCE_DATE_EPOCH
 COPY --from=nccl /out/ /
 ENV LD_LIBRARY_PATH="/opt/conda/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/conda/bin${PATH:+:${PATH}}"
@@ -83,10 +91,12 @@ typing-extensions
 EOF
 RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
+    && export CFLAGS="${CFLAGS:+$CFLAGS }-g0" \
     && /opt/conda/bin/pip install --disable-pip-version-check --prefix=/out/opt/conda --ignore-installed -r /opt/imageforge/pip/pytorch.txt
 
 # ---- sagemaker-training ----
 FROM python AS sagemaker-training
+ARG SOURCE_DATE_EPOCH
 ENV PATH="/opt/conda/bin${PATH:+:${PATH}}"
 COPY <<'EOF' /opt/imageforge/pip/sagemaker-training.txt
 sagemaker-training==5.1.4
@@ -94,11 +104,13 @@ sagemaker-pytorch-training==3.0.0
 EOF
 RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
+    && export CFLAGS="${CFLAGS:+$CFLAGS }-g0" \
     && /opt/conda/bin/pip install --disable-pip-version-check --prefix=/out/opt/conda -r /opt/imageforge/pip/sagemaker-training.txt \
     && test -x /out/opt/conda/bin/train
 
 # ---- torchvision ----
 FROM python AS torchvision
+ARG SOURCE_DATE_EPOCH
 COPY --from=nccl /out/ /
 COPY --from=pytorch /out/ /
 ENV LD_LIBRARY_PATH="/opt/conda/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
@@ -113,6 +125,7 @@ RUN --mount=type=bind,from=src-torchvision,target=/tmp/vision,rw \
 
 # ---- smddp ----
 FROM efa AS smddp
+ARG SOURCE_DATE_EPOCH
 COPY --from=nccl /out/ /
 COPY --from=aws-ofi-nccl /out/ /
 COPY --from=boost /out/ /
@@ -177,6 +190,7 @@ sagemaker-experiments==0.*
 EOF
 RUN --mount=type=secret,id=ca-bundle,required=false --mount=type=cache,id=imageforge-pip,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
+    && export CFLAGS="${CFLAGS:+$CFLAGS }-g0" \
     && /opt/conda/bin/pip install --disable-pip-version-check -r /opt/imageforge/pip/smddp.txt
 RUN --mount=type=bind,from=src-smddp-s3,target=/src \
     /opt/conda/bin/pip install --no-cache-dir -U /src/awsio-0.0.1-cp38-cp38-manylinux1_x86_64.whl

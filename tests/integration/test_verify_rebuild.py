@@ -1,0 +1,182 @@
+"""Same pins, same bytes: every stage of the sample rebuilt from scratch comes out byte for
+byte as stored, on this engine and on a second one; a stage that is not reproducible is
+caught by `invoke verify --rebuild`, which names the stage and the file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import SecondDockerd, invoke
+
+LAYOUTS = {"INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS": "oci-layout"}
+
+# A team's stage whose output holds the time it was built: never the same twice.
+CLOCK_STAGE = '''"""clock: the time of the build, in a file."""
+
+from imageforge.model.stage import Stage
+from imageforge.planning.dockerfile import run
+
+STAGE = Stage(
+    name="clock",
+    doc=__doc__ or "",
+    deps=("base",),
+    fields={},
+    recipe=lambda _ctx: run("mkdir -p /out/opt/clock", "date +%s%N > /out/opt/clock/stamp",
+                            "echo same > /out/opt/clock/same"),
+    reproducible=REPRODUCIBLE,
+)
+'''
+
+
+def digests(cache: Path) -> dict[str, str]:
+    """stage -> the digest of its stored artifact."""
+    found = {}
+    for meta in (cache / "artifacts" / "entries").glob("*/meta.json"):
+        entry = json.loads(meta.read_text())
+        found[entry["stage"]] = entry["digest"]
+    return found
+
+
+def verify(target: str, cache: Path, *args: str, env: dict[str, str] | None = None
+           ) -> tuple[int, dict[str, Any], str]:
+    result = invoke("verify", "--rebuild", "--target", target, "--json", "--progress", "plain",
+                    *args, cache=cache, env=env, timeout=1800)
+    document = json.loads(result.stdout) if result.stdout.strip() else {}
+    return result.returncode, document, result.stderr
+
+
+@pytest.fixture(scope="module")
+def built(sample_manifest: Path, cache_dir: Path) -> dict[str, str]:
+    result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest),
+                    "--no-test", "--progress", "plain", cache=cache_dir, env=LAYOUTS,
+                    timeout=1800)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return digests(cache_dir)
+
+
+def test_every_stage_rebuilt_from_scratch_is_byte_identical(
+        built: dict[str, str], sample_manifest: Path, cache_dir: Path) -> None:
+    assert set(built) == {"efa", "python", "nccl", "aws-ofi-nccl", "pytorch", "torchvision",
+                          "boost", "sagemaker-training", "smddp"}
+    code, document, stderr = verify("smddp", cache_dir, "--manifest", str(sample_manifest),
+                                    env=LAYOUTS)
+    assert code == 0, stderr[-3000:]
+    verdicts = {v["stage"]: v for v in document["stages"]}
+    assert set(verdicts) == set(built)
+    for stage, verdict in verdicts.items():
+        assert verdict["result"] == "same", verdict
+        assert verdict["rebuilt"] == verdict["stored"] == built[stage]
+
+
+def test_a_second_engine_builds_the_same_bytes(built: dict[str, str], sample_manifest: Path,
+                                              second_builder: str, tmp_path: Path,
+                                              second_dockerd: SecondDockerd) -> None:
+    second_dockerd.docker("builder", "prune", "-af")
+    other = tmp_path / "cache"
+    result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest),
+                    "--no-test", "--progress", "plain", "--builder", second_builder,
+                    cache=other, env=LAYOUTS, timeout=1800)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert digests(other) == built
+
+
+def test_an_image_store_artifact_is_the_same_files(sample_manifest: Path,
+                                                   tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    result = invoke("build", "--target", "efa", "--manifest", str(sample_manifest),
+                    "--no-test", "--progress", "plain", cache=cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    code, document, stderr = verify("efa", cache, "--manifest", str(sample_manifest))
+    assert code == 0, stderr[-3000:]
+    [verdict] = document["stages"]
+    # The engine's image store keeps build-time file times, so files are compared instead.
+    assert verdict["result"] == "same files", verdict
+    assert "file times not compared" in verdict["detail"]
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_stage_that_is_never_the_same_is_caught(sample_manifest: Path, tmp_path: Path,
+                                                  declared: bool) -> None:
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    reproducible = ('False,\n    reproducible_reason="it records the time of the build"'
+                    if declared else "True")
+    (stages / "clock.py").write_text(CLOCK_STAGE.replace("REPRODUCIBLE", reproducible))
+    env = {"INVOKE_IMAGEFORGE_STAGE_DIRS": str(stages)}
+    cache = tmp_path / "cache"
+    result = invoke("build", "--target", "clock", "--manifest", str(sample_manifest),
+                    "--progress", "plain", cache=cache, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    plan = invoke("plan", "--target", "clock", "--manifest", str(sample_manifest), "--json",
+                  cache=cache, env=env)
+    assert json.loads(plan.stdout).get("not_reproducible") == (
+        {"clock": "it records the time of the build"} if declared else None)
+    assert ("not reproducible: clock: it records the time of the build" in invoke(
+        "plan", "--target", "clock", "--manifest", str(sample_manifest), cache=cache,
+        env=env).stdout) is declared
+
+    code, document, stderr = verify("clock", cache, "--manifest", str(sample_manifest),
+                                    env=env)
+    [verdict] = document["stages"]
+    if declared:
+        assert code == 0, stderr
+        assert verdict["result"] == "declared"
+        assert "it records the time of the build" in verdict["detail"]
+        return
+    assert code == 13, stderr
+    assert verdict["result"] == "differs"
+    assert "/out/opt/clock/stamp differs (content" in verdict["detail"]
+    assert "verify --rebuild: clock" in stderr
+    assert "/out/opt/clock/stamp" in stderr
+    assert "Traceback" not in stderr
+    # Progress lines, then the one sentence.
+    assert stderr.strip().splitlines()[-1].startswith("imageforge: verify --rebuild: clock")
+
+
+def test_an_image_alone_is_checked_against_its_pins(sample_manifest: Path,
+                                                    tmp_path: Path) -> None:
+    tag = f"imageforge-test/verify-image:{tmp_path.name[-8:].lower()}"
+    cache = tmp_path / "cache"
+    result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
+                    "--tag", tag, "--no-test", "--progress", "plain", cache=cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # From the image alone: a verifier's own cache directory, built from nothing.
+    code, document, stderr = verify_image(tag, tmp_path / "verifier", sample_manifest)
+    assert code == 0, stderr[-3000:]
+    [verdict] = document["stages"]
+    assert verdict["stage"] == "efa-nccl"
+    assert verdict["result"] == "same files", verdict
+
+    # Someone changes the image after it was built: the rebuild says what its pins give.
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    (tampered / "Dockerfile").write_text(
+        f"FROM {tag}\nRUN echo 'export NCCL_ALGO=Ring' >> /etc/profile\n")
+    build = subprocess.run(["docker", "buildx", "build", "--load", "-t", f"{tag}-tampered",
+                            str(tampered)], capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stderr
+    code, document, stderr = verify_image(f"{tag}-tampered", tmp_path / "verifier",
+                                          sample_manifest)
+    assert code == 13, stderr[-3000:]
+    [verdict] = document["stages"]
+    assert verdict["result"] == "differs"
+    assert f"rebuilt differently from {tag}-tampered" in stderr
+
+    # Pins this checkout does not have: say which revision to verify from.
+    code, _, stderr = verify_image(tag, tmp_path / "verifier", sample_manifest,
+                                   "--set", "stages.efa.flags=-y,--skip-kmod")
+    assert code == 8, stderr[-3000:]
+    assert "check out that revision" in stderr
+
+
+def verify_image(ref: str, cache: Path, manifest: Path, *args: str
+                 ) -> tuple[int, dict[str, Any], str]:
+    result = invoke("verify", "--rebuild", "--image", ref, "--manifest", str(manifest),
+                    "--json", "--progress", "plain", *args, cache=cache, timeout=1800)
+    document = json.loads(result.stdout) if result.stdout.strip() else {}
+    return result.returncode, document, result.stderr
