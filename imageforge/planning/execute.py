@@ -15,9 +15,10 @@ from imageforge.planning.plan import Plan, PlannedStage
 from imageforge.planning.render import render_dockerfile
 
 FINAL = "imageforge-image"
-# Images that stay in this engine's store are written with uncompressed layers: compressing
-# a layer costs seconds per gigabyte, and nothing reads them through a network. A push
-# (type=registry) compresses as usual.
+# Images that stay in this engine's store, and OCI-layout artifacts in the cache directory,
+# are written with uncompressed layers: compressing a layer costs seconds per gigabyte (with
+# rewrite-timestamp, once more to rewrite it), and nothing reads them through a network. A
+# push (type=registry) compresses as usual.
 UNCOMPRESSED = "compression=uncompressed"
 LOCAL_IMAGE = f"type=docker,{UNCOMPRESSED}"
 ARTIFACT_PREFIX = "imageforge-artifact-"
@@ -215,7 +216,7 @@ def bake_file(run: Run, *, workdir: Path, tag: str | None, labels: Mapping[str, 
             targets[f"artifact-{stage}"] = {
                 **common, "target": target,
                 "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false,"
-                           f"{REWRITE_TIMESTAMP}"],
+                           f"{REWRITE_TIMESTAMP},{UNCOMPRESSED}"],
             }
         if layer_cache is not None:
             # The stage itself (not its artifact), so the mode applies to its own steps.

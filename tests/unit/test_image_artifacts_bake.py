@@ -58,7 +58,8 @@ def test_image_artifacts_go_to_the_image_store_and_the_others_to_layouts(
     assert targets["artifact-smddp"]["output"] == [
         f"type=image,name={named['smddp']},compression=uncompressed"]
     assert targets["artifact-nccl"]["output"] == [
-        f"type=oci,dest={tmp_path / 'nccl'},tar=false,rewrite-timestamp=true"]
+        f"type=oci,dest={tmp_path / 'nccl'},tar=false,rewrite-timestamp=true,"
+        "compression=uncompressed"]
     assert "attest" not in targets["artifact-nccl"]
     assert targets["image"]["output"] == ["type=docker,compression=uncompressed"]
     pushed = bake_file(run, workdir=tmp_path, tag="t", labels={}, platform="linux/amd64",
