@@ -134,9 +134,10 @@ def test_build_onto_a_full_disk_exits_9_naming_it(sample_manifest: Path, small_d
 
 
 def export_started(cache: Path) -> bool:
-    """BuildKit is writing efa's OCI layout (some blobs there, its index.json not yet)."""
+    """BuildKit is writing efa's OCI layout (some blobs there, its index.json not yet), in
+    the work directory of the build's first bake."""
     return any(not Path(d, "index.json").exists()
-               for d in glob.glob(f"{cache}/artifacts/tmp/*/efa")
+               for d in glob.glob(f"{cache}/artifacts/tmp/*/bake-0/out/efa")
                if glob.glob(f"{d}/blobs/sha256/*"))
 
 
