@@ -1,5 +1,5 @@
-"""Running `docker buildx bake` with its progress shown, and the one failure worth
-running it again for: containerd's blob-lock race between two exporters."""
+"""Running `docker buildx bake` with its progress shown, and running it again after the
+failures BuildKit gets past on a second attempt (`bakefail.transient`)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *
               stages: Collection[str] | None = None) -> None:
     """Run the bake, showing its progress (the caller holds `progress` open, across every
     bake of one build); `stages` are the ones this bake builds (all when None). A bake that
-    lost only containerd's blob-lock race runs again (its half-written `outputs` removed
-    first); any other failure raises."""
+    failed only in a way another attempt gets past runs again (its half-written `outputs`
+    removed first); any other failure raises."""
     other: list[str] = []
     for attempt in range(1, BAKE_ATTEMPTS + 1):
         other.clear()
@@ -35,11 +35,11 @@ def run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *
             progress.succeeded(stages)
             return
         failed_stage = any(s.state == "failed" for s in progress.stages.values())
-        if failed_stage or attempt == BAKE_ATTEMPTS or not bakefail.contended("\n".join(other)):
+        why = None if failed_stage else bakefail.transient("\n".join(other))
+        if why is None or attempt == BAKE_ATTEMPTS:
             break
-        log.warning(f"BuildKit lost a race for a blob lock in containerd while exporting "
-                    f"(attempt {attempt} of {BAKE_ATTEMPTS}); running the bake again, "
-                    "every step is cached.")
+        log.warning(f"{why} (attempt {attempt} of {BAKE_ATTEMPTS}); running the bake again, "
+                    "every finished step is cached.")
         for output in outputs:
             shutil.rmtree(output, ignore_errors=True)
     failed = [s for s in progress.stages.values() if s.state == "failed"]

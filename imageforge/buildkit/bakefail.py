@@ -41,18 +41,32 @@ def explain(output: str, *, cache: Path, push: str | None = None) -> FatalError 
     return None
 
 
-# containerd answers this when two exporters of one bake write the same blob at once (the
-# pushed image and an artifact's OCI layout share their layers); BuildKit gives up after a few
-# seconds instead of waiting (moby/buildkit#1491). Nothing is wrong with the build, and every
-# step is in BuildKit's cache, so running the bake again is cheap and succeeds.
-_CONTENDED = re.compile(r"ref \S+ locked for [^)]*\): unavailable")
+# Failures BuildKit itself gets past on a second attempt, each with what the warning says.
+# Nothing is wrong with the build, and every finished step is in BuildKit's cache, so running
+# the bake again is cheap and succeeds.
+_TRANSIENT = (
+    # containerd answers this when two exporters of one bake write the same blob at once (the
+    # pushed image and an artifact's OCI layout share their layers); BuildKit gives up after a
+    # few seconds instead of waiting (moby/buildkit#1491).
+    (re.compile(r"ref \S+ locked for [^)]*\): unavailable"),
+     "BuildKit lost a race for a blob lock in containerd"),
+    # BuildKit's solver can keep an edge merged from a build that has since ended, and the next
+    # build that reaches it fails at once (moby/buildkit#2303, still open). Two builds at once
+    # on one engine, which imageforge's locks allow, are what leave such an edge behind.
+    (re.compile(r"failed to get edge: inconsistent graph state"),
+     "BuildKit's solver lost track of a step (\"inconsistent graph state\")"),
+)
 
 
-def contended(output: str) -> bool:
-    """Whether a failed bake's `output` shows only containerd's blob-lock contention, which
-    another attempt gets past, and no other error."""
+def transient(output: str) -> str | None:
+    """What went wrong, when a failed bake's `output` shows only failures another attempt gets
+    past (the first one's words); None when any error is another."""
     errors = [line for line in output.splitlines() if "ERROR" in line or "error:" in line]
-    return bool(errors) and all(_CONTENDED.search(line) for line in errors)
+    found = [next((why for pattern, why in _TRANSIENT if pattern.search(line)), None)
+             for line in errors]
+    if not found or None in found:
+        return None
+    return found[0]
 
 
 def daemon_answers() -> bool:

@@ -90,7 +90,7 @@ def fetch_layout(store: ArtifactStore, remote: Remote, stage: str, key: str, dig
 def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
                   outputs: Sequence[Path] = ()) -> str | None:
     """Run a bake that moves artifacts; None when it worked, else BuildKit's reason. Like a
-    build's bake, one that lost only containerd's blob-lock race runs again."""
+    build's bake, one that failed only in a way another attempt gets past runs again."""
     scratch = store.scratch()
     try:
         (scratch / "bake.json").write_text(json.dumps(bake))
@@ -106,10 +106,11 @@ def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
             if proc.returncode == 0:
                 return None
             output = proc.stderr.decode(errors="replace")
-            if attempt == BAKE_ATTEMPTS or not bakefail.contended(output):
+            why = bakefail.transient(output)
+            if why is None or attempt == BAKE_ATTEMPTS:
                 break
-            log.warning(f"BuildKit lost a race for a blob lock in containerd moving artifacts "
-                        f"(attempt {attempt} of {BAKE_ATTEMPTS}); running it again.")
+            log.warning(f"{why} moving artifacts (attempt {attempt} of {BAKE_ATTEMPTS}); "
+                        "running it again.")
             for path in outputs:
                 shutil.rmtree(path, ignore_errors=True)
         known = bakefail.explain(output, cache=store.root)
