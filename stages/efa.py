@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from imageforge.image import smoke
 from imageforge.model.stage import Check, Context, Field, Stage, url_fields, url_source
-from imageforge.planning.dockerfile import bind, run, sh
+from imageforge.planning.dockerfile import APT_CLEAN, bind, run, sh
 from imageforge.sources.signature import DEFAULT_KEY_URL, Signature
 from imageforge.sources.sources import Source
 from stages.efa_rules import RULES, known_efa
@@ -57,9 +57,10 @@ def recipe(ctx: Context) -> str:
         "cd aws-efa-installer",
         sh("./efa_installer.sh", *inputs["flags"]),
         "rm -rf /tmp/efa",
-        # The installer runs ldconfig (dockerfile.LDCONFIG says why this goes).
-        "rm -f /var/cache/ldconfig/aux-cache",
-        *(["rm -rf /var/lib/apt/lists/*"] if update else []),
+        # The installer installs its packages with apt itself, whether or not this recipe
+        # fetched the lists, and runs ldconfig: APT_CLEAN removes what they leave that differs
+        # from one run to the next (the real stand-in's pkgcache.bin did).
+        APT_CLEAN,
         mounts=[bind("src-efa", "/src")],
     )
 

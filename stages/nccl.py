@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from imageforge.image import smoke
 from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.planning.compat import numeric
 from imageforge.planning.dockerfile import (
     CCACHE_MOUNT,
     LDCONFIG,
@@ -54,6 +55,10 @@ SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/
                    "/usr/local/lib", "/lib/x86_64-linux-gnu")
 # NCCL's build runs python3 scripts (src/device/generate.py) from this release on.
 NEEDS_PYTHON = Version("2.19")
+# nvcc names its intermediate files /tmp/tmpxft_<pid>_..., and the host compiler writes that
+# name into every object: two builds of the real libnccl.so and of nccl-tests differed. With
+# -objtemp (nvcc 12.4 on) they are named after the object file, which is the same every build.
+OBJTEMP_SINCE = Version("12.4")
 
 
 def gencode(arches: Sequence[str]) -> str:
@@ -66,6 +71,23 @@ def gencode(arches: Sequence[str]) -> str:
 
 def sources(ctx: Context) -> Sequence[Source]:
     return [git_source("nccl", ctx.of("nccl"))]
+
+
+def reproducible_nvcc(cuda: object, *, device_link: bool = True) -> list[str]:
+    """The commands that make this CUDA's nvcc write the same files every build: one
+    variable (NVCC_APPEND_FLAGS reaches every nvcc a makefile runs, whatever flags it builds).
+    Before 12.4 nvcc has no -objtemp, and a CUDA the manifest leaves out gets nothing.
+
+    `device_link=False` is for programs of whole-program CUDA (no -rdc), like nccl-tests:
+    their link step's device link has nothing to link, yet compiles a stub from
+    /tmp/tmpxft_<pid>_..._dlink.fatbin.c with -g, whose name lands in the debug information
+    (every nccl-tests binary differed by it); -nodlink skips that step. NCCL itself is
+    relocatable device code and links it (it runs nvcc -dlink itself)."""
+    version = numeric(cuda)
+    if version is None or version < OBJTEMP_SINCE:
+        return []
+    flags = "-objtemp" if device_link else "-objtemp -nodlink"
+    return [f'export NVCC_APPEND_FLAGS="${{NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }}{flags}"']
 
 
 def needs_python(version: str) -> bool:
@@ -97,6 +119,7 @@ def recipe(ctx: Context) -> str:
     # every arch NCCL knows, on one core.
     steps.append(run(
         USE_CCACHE,
+        *reproducible_nvcc(ctx.image.get("cuda")),
         *guard,
         "cd /tmp/nccl",
         'make -j"$(nproc)" ' + sh("src.build", *make_vars),

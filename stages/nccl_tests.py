@@ -22,7 +22,7 @@ from imageforge.image import smoke
 from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 from imageforge.planning.dockerfile import bind, run, sh
 from imageforge.sources.sources import Source
-from stages.nccl import gencode
+from stages.nccl import gencode, reproducible_nvcc
 
 
 def sources(ctx: Context) -> Sequence[Source]:
@@ -35,6 +35,8 @@ def recipe(ctx: Context) -> str:
     # Without NVCC_GENCODE nccl-tests builds 6 archs: 3.5x slower, 263 MB of binaries.
     gencode_var = [f"NVCC_GENCODE={gencode(arches)}"] if arches else []
     return run(
+        # Both builds of every binary ran all_reduce_perf on an H200 with #wrong 0.
+        *reproducible_nvcc(ctx.image.get("cuda"), device_link=False),
         "cd /tmp/nccl-tests",
         'make -j"$(nproc)" ' + sh(
             "MPI=1", "MPI_HOME=/opt/amazon/openmpi", f"CUDA_HOME={ctx.image['cuda_home']}",

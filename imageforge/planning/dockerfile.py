@@ -56,12 +56,20 @@ def env_line(variables: Mapping[str, str]) -> str:
     return f"ENV {pairs}"
 
 
+# What apt and dpkg leave behind that differs from one run to the next: the package lists
+# (fetched again by every update), apt's binary caches of them (pkgcache.bin differed between
+# two builds of the real efa stand-in), and logs stamped with the time of the run. Nothing in
+# the image reads them; dpkg's own database (/var/lib/dpkg) stays.
+APT_CLEAN = ("rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log "
+             "/var/log/alternatives.log /var/cache/ldconfig/aux-cache")
+
+
 def apt_commands(packages: Iterable[str]) -> list[str]:
     return [
         "apt-get update",
         sh("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y",
            "--no-install-recommends", *sorted(set(packages))),
-        "rm -rf /var/lib/apt/lists/*",
+        APT_CLEAN,
     ]
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from imageforge.planning import project
+from imageforge.planning.dockerfile import APT_CLEAN
 from stages import STAGES
-from stages.nccl import gencode
+from stages.nccl import gencode, reproducible_nvcc
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = "manifests/real-efa-nccl.toml"
@@ -41,6 +42,44 @@ def test_every_make_line_of_nccl_and_nccl_tests_gets_nvcc_gencode() -> None:
         assert lines, stage
         for line in lines:
             assert "NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90" in line, (stage, line)
+
+
+def test_nvcc_names_its_temporary_files_after_the_object_in_both_nvcc_stages() -> None:
+    found = recipes()
+    for stage in ("nccl", "nccl-tests"):
+        flag = found[stage].index("NVCC_APPEND_FLAGS")
+        assert "-objtemp" in found[stage][flag:flag + 80], stage
+        # Set before the make line that runs nvcc.
+        assert flag < found[stage].index("make -j"), stage
+    # NCCL links its relocatable device code; nccl-tests has none to link.
+    assert "-nodlink" not in found["nccl"]
+    assert "-objtemp -nodlink" in found["nccl-tests"]
+    # Seed 000's CUDA 11.1 nvcc has no -objtemp.
+    seed = recipes(manifest="manifests/efa-nccl.toml")
+    assert "NVCC_APPEND_FLAGS" not in seed["nccl"] + seed["nccl-tests"]
+
+
+@pytest.mark.parametrize(("cuda", "flagged"), [
+    ("13.0", True), ("12.4", True), ("12.4.1", True), ("12.3", False), ("11.3", False),
+    (None, False), ("", False)])
+def test_objtemp_only_from_the_nvcc_that_has_it(cuda: str | None, flagged: bool) -> None:
+    assert bool(reproducible_nvcc(cuda)) is flagged
+    # A user's own NVCC_APPEND_FLAGS is kept, -objtemp added after it.
+    if flagged:
+        assert "${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }-objtemp" in reproducible_nvcc(cuda)[0]
+
+
+def test_every_apt_step_removes_what_differs_between_runs() -> None:
+    found = recipes("image.apt=true")
+    apt_steps = {name: recipe for name, recipe in found.items() if "apt-get" in recipe}
+    # The real efa stand-in runs apt (its pkgcache.bin differed); so do base and the plugin.
+    assert {"base", "efa", "aws-ofi-nccl"} <= set(apt_steps)
+    for name, recipe in apt_steps.items():
+        assert recipe.count("apt-get update") == recipe.count(APT_CLEAN), name
+    for path in ("/var/cache/apt/*.bin", "/var/log/dpkg.log", "/var/lib/apt/lists/*"):
+        assert path in APT_CLEAN
+    # The installer runs apt itself, also where the recipe fetches no lists (apt = false).
+    assert APT_CLEAN in recipes()["efa"]
 
 
 def test_gencode_adds_ptx_for_the_newest_arch_only() -> None:

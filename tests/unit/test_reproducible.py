@@ -126,19 +126,12 @@ def test_a_rebuild_gets_cache_mounts_of_its_own() -> None:
         "RUN --mount=type=bind,from=src,target=/s make\n"
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
-                                cache_dir=tmp_path_factory.mktemp("cache"))
-    return project.plan(settings, "smddp")
-
-
-def test_every_built_stage_reads_the_one_epoch(plan: Plan, tmp_path: Path) -> None:
-    for stage in plan.stages:
+def test_every_built_stage_reads_the_one_epoch(sample_plan: Plan, tmp_path: Path) -> None:
+    for stage in sample_plan.stages:
         lines_ = stage.recipe.splitlines()
         if len(lines_) > 1:
             assert lines_[1] == "ARG SOURCE_DATE_EPOCH", stage.name
-    run = make_run(plan, plan.registry, ["efa", "nccl"], {})
+    run = make_run(sample_plan, sample_plan.registry, ["efa", "nccl"], {})
     spec = bake_file(run, workdir=tmp_path, tag="t:1", labels={}, platform="linux/amd64",
                      push=False, artifact_dirs={"nccl": tmp_path / "nccl"},
                      artifact_images={"efa": "imageforge-artifact/x/efa:1"})
@@ -152,10 +145,12 @@ def test_every_built_stage_reads_the_one_epoch(plan: Plan, tmp_path: Path) -> No
     assert "rewrite-timestamp" not in spec["target"]["artifact-efa"]["output"][0]
 
 
-def test_a_declared_stage_shows_in_the_plan(plan: Plan) -> None:
-    assert "not_reproducible" not in plan.to_json("sample")
-    clocked = dataclasses.replace(plan, registry={**plan.registry, "smddp": dataclasses.replace(
-        plan.registry["smddp"], reproducible=False, reproducible_reason="it records the time")})
+def test_a_declared_stage_shows_in_the_plan(sample_plan: Plan) -> None:
+    assert "not_reproducible" not in sample_plan.to_json("sample")
+    declared = dataclasses.replace(sample_plan.registry["smddp"], reproducible=False,
+                                   reproducible_reason="it records the time")
+    clocked = dataclasses.replace(sample_plan,
+                                  registry={**sample_plan.registry, "smddp": declared})
     assert clocked.to_json("sample")["not_reproducible"] == {"smddp": "it records the time"}
 
 

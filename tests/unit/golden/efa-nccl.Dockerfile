@@ -6,7 +6,7 @@ FROM nvidia/cuda:11.1.1-cudnn8-devel-ubuntu18.04 AS base
 ARG SOURCE_DATE_EPOCH
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends curl git wget \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 
 # ---- efa ----
 FROM base AS efa
@@ -19,8 +19,7 @@ RUN --mount=type=bind,from=src-efa,target=/src \
     && cd aws-efa-installer \
     && ./efa_installer.sh -y --skip-kmod -g \
     && rm -rf /tmp/efa \
-    && rm -f /var/cache/ldconfig/aux-cache \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 
 # ---- nccl ----
 FROM base AS nccl
@@ -43,7 +42,7 @@ ENV LD_LIBRARY_PATH="/opt/amazon/efa/lib:/opt/amazon/openmpi/lib${LD_LIBRARY_PAT
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends autoconf automake libtool \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 RUN --mount=type=bind,from=src-aws-ofi-nccl,target=/tmp/aws-ofi-nccl,rw \
     cd /tmp/aws-ofi-nccl \
     && ./autogen.sh \

@@ -6,7 +6,7 @@ FROM nvidia/cuda:11.3.1-cudnn8-devel-ubuntu20.04 AS base
 ARG SOURCE_DATE_EPOCH
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends curl git wget \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 
 # ---- efa ----
 FROM base AS efa
@@ -19,8 +19,7 @@ RUN --mount=type=bind,from=src-efa,target=/src \
     && cd aws-efa-installer \
     && ./efa_installer.sh -y --skip-kmod -g \
     && rm -rf /tmp/efa \
-    && rm -f /var/cache/ldconfig/aux-cache \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 
 # ---- nccl ----
 FROM base AS nccl
@@ -43,7 +42,7 @@ ENV LD_LIBRARY_PATH="/opt/conda/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib$
     PATH="/opt/amazon/openmpi/bin:/opt/amazon/efa/bin${PATH:+:${PATH}}"
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends autoconf automake libtool \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 RUN --mount=type=bind,from=src-aws-ofi-nccl,target=/tmp/aws-ofi-nccl,rw \
     cd /tmp/aws-ofi-nccl \
     && ./autogen.sh \
@@ -79,7 +78,7 @@ ENV LD_LIBRARY_PATH="/opt/conda/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/conda/bin${PATH:+:${PATH}}"
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends build-essential ca-certificates ccache cmake git libjpeg-dev libpng-dev \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 RUN /opt/conda/bin/conda install -y astunparse numpy ninja pyyaml mkl mkl-include setuptools cmake cffi typing_extensions future six requests dataclasses pytorch::magma-cuda113 \
     && /opt/conda/bin/conda clean -ya
 RUN --mount=type=bind,from=src-pytorch,target=/tmp/pytorch,rw --mount=type=cache,id=imageforge-ccache,target=/root/.ccache \
@@ -117,7 +116,7 @@ ENV LD_LIBRARY_PATH="/opt/conda/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" \
     PATH="/opt/conda/bin${PATH:+:${PATH}}"
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libjpeg-dev libpng-dev \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 RUN --mount=type=bind,from=src-torchvision,target=/tmp/vision,rw \
     cd /tmp/vision \
     && env BUILD_VERSION=0.11.3+cu113 /opt/conda/bin/python setup.py install --root=/out \
@@ -142,10 +141,10 @@ ENV LD_LIBRARY_PATH="/opt/conda/lib/python3.8/site-packages/smdistributed/datapa
     DLC_CONTAINER_TYPE="training"
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends hwloc jq libhwloc-dev libnuma-dev libnuma1 libssl1.1 libtool \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 RUN apt-get update \
     && env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openssh-client openssh-server \
-    && rm -rf /var/lib/apt/lists/* \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
     && rm -f /etc/ssh/ssh_host_* \
     && mkdir -p /var/run/sshd \
     && grep -v StrictHostKeyChecking /etc/ssh/ssh_config > /etc/ssh/ssh_config.new \
