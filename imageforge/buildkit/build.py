@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from imageforge import log
-from imageforge.buildkit import bake, dryrun
+from imageforge.buildkit import bake, cachemounts, dryrun
 from imageforge.buildkit.bake import absolute_if_local
 from imageforge.buildkit.docker import ensure_ready, local_image
 from imageforge.buildkit.progress import BuildProgress
@@ -281,8 +281,8 @@ def _bake_wave(settings: project.Settings, options: BuildOptions, store: Artifac
     """One bake: build `building` from `contexts`, store their artifacts and, with a `tag`,
     make the image. Returns BuildKit's metadata of the bake."""
     run = make_run(planned, planned.registry, building, contexts, final=tag is not None)
-    dockerfile = fresh_cache_mounts(run.dockerfile, uuid.uuid4().hex[:12]) \
-        if options.no_cache else run.dockerfile
+    token = uuid.uuid4().hex[:12] if options.no_cache else None
+    dockerfile = fresh_cache_mounts(run.dockerfile, token) if token else run.dockerfile
     images = {n: store.image_ref(n, planned.stage(n).key)
               for n in whole_images(planned, building)} if store.images is not None else {}
     artifact_dirs = {name: workdir / "out" / name for name in building if name not in images}
@@ -302,13 +302,17 @@ def _bake_wave(settings: project.Settings, options: BuildOptions, store: Artifac
         for body in spec["target"].values():
             body["no-cache"] = True
     (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
-    argv = [docker_binary(), *builder_args(options.builder), "bake", "-f",
-            str(workdir / "bake.json"), "--progress", "rawjson", "--metadata-file",
-            str(workdir / "metadata.json")]
+    buildx = builder_args(options.builder)
+    argv = [docker_binary(), *buildx, "bake", "-f", str(workdir / "bake.json"), "--progress",
+            "rawjson", "--metadata-file", str(workdir / "metadata.json")]
     clock.lap("render")
-    bake.run_bake(argv, progress, env, cache=store.root,
-                  push=tag if options.push else None, outputs=list(artifact_dirs.values()),
-                  stages=[n for n in progress.stages if n not in later])
+    try:
+        bake.run_bake(argv, progress, env, cache=store.root,
+                      push=tag if options.push else None, outputs=list(artifact_dirs.values()),
+                      stages=[n for n in progress.stages if n not in later])
+    finally:
+        if token:
+            cachemounts.drop(token, buildx)
     clock.lap("bake")
     clock.phases["export"] = round(progress.export_seconds, 3)
     metadata = read_object(workdir / "metadata.json") or {}

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from imageforge.buildkit import bake
+from imageforge.buildkit import bake, cachemounts
 from imageforge.buildkit.build import builder_args, image_store
 from imageforge.buildkit.docker import ensure_ready
 from imageforge.buildkit.progress import BuildProgress, Mode
@@ -140,18 +140,23 @@ def _rebuild(settings: project.Settings, store: ArtifactStore, remote: Remote | 
     run = make_run(planned, planned.registry, [name], contexts, final=False)
     out = workdir / "rebuilt"
     (workdir / "context").mkdir(parents=True)
-    (workdir / "Dockerfile").write_text(fresh_cache_mounts(run.dockerfile, uuid.uuid4().hex[:12]))
+    token = uuid.uuid4().hex[:12]
+    (workdir / "Dockerfile").write_text(fresh_cache_mounts(run.dockerfile, token))
     spec = bake_file(run, workdir=workdir, tag=None, labels={},
                      platform=str(planned.manifest.image["platform"]), push=False,
                      artifact_dirs={name: out}, secrets=secrets)
     for body in spec["target"].values():
         body["no-cache"] = True
     (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
-    argv = [docker_binary(), *builder_args(builder), "bake", "-f", str(workdir / "bake.json"),
-            "--progress", "rawjson"]
+    buildx = builder_args(builder)
+    argv = [docker_binary(), *buildx, "bake", "-f", str(workdir / "bake.json"), "--progress",
+            "rawjson"]
     env = remote.env if remote is not None else {}
-    bake.run_bake(argv, BuildProgress([name], progress), env, cache=store.root, push=None,
-                  outputs=[out])
+    try:
+        bake.run_bake(argv, BuildProgress([name], progress), env, cache=store.root, push=None,
+                      outputs=[out])
+    finally:
+        cachemounts.drop(token, buildx)
     return out
 
 
