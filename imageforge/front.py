@@ -808,10 +808,12 @@ def ci_generate(config: Config, flags: Flags, *, fmt: str, file: str | None,
         planned = project.plan(s, _target(s, entry.target), resolve=True)
         images.append(cigen.Image(manifest=project.manifest_label(entry.manifest),
                                   overrides=entry.overrides, tag=entry.tag, plan=planned))
+    # Under cache_trust = "verified" a key whose remote artifact no rebuild verified gets a
+    # job, as the build that needs it would not use that artifact either.
+    trust = settings(config, Flags()).verified_in
     with remote_mod.credentials(repository.split("/", 1)[0]) as env:
-        found = cigen.pipeline(images, repository,
-                               cigen.registry_holds(remote_mod.Remote(repository=repository,
-                                                                      env=env)))
+        registry = remote_mod.Remote(repository=repository, env=env, verified_in=trust)
+        found = cigen.pipeline(images, repository, cigen.registry_holds(registry))
     text = (json.dumps(cigen.as_json(found), indent=2) + "\n" if as_json else
             cigen.render(found, chosen,
                          source=file or project.manifest_label(entries[0].manifest)))

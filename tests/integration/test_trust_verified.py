@@ -30,6 +30,14 @@ def state(cache: Path, stage: str = TARGET) -> str:
                     if s["name"] == stage))
 
 
+def pipeline_stages(manifest: Path, cache: Path, remote: str) -> list[str]:
+    """The stages ci.generate gives a job under the policy, asked with `cache`'s records."""
+    result = invoke("ci.generate", "--target", TARGET, "--manifest", str(manifest), "--remote",
+                    remote, "--json", cache=cache, env=VERIFIED)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [job["stage"] for job in json.loads(result.stdout)["jobs"]]
+
+
 def with_records(source: Path, cache: Path) -> Path:
     """A fresh cache directory that knows only what `source`'s rebuilds verified."""
     shutil.copytree(source / "artifacts" / "verified", cache / "artifacts" / "verified")
@@ -47,6 +55,8 @@ def test_only_verified_remote_artifacts_are_used_and_a_replaced_one_is_refused(
     assert unverified.returncode == 0, unverified.stderr[-3000:]
     assert state(tmp_path / "b") == "built"
     assert "was never verified by a rebuild" in unverified.stderr
+    # So a generated pipeline gives it a job, though the registry holds its key.
+    assert TARGET in pipeline_stages(sample_manifest, tmp_path / "b", remote)
 
     # A rebuild from scratch matches the registry's artifact: recorded by its digest.
     verified = invoke("verify", "--rebuild", "--target", TARGET, "--manifest",
@@ -61,6 +71,7 @@ def test_only_verified_remote_artifacts_are_used_and_a_replaced_one_is_refused(
     used = build(sample_manifest, fresh, remote, VERIFIED)
     assert used.returncode == 0, used.stderr[-3000:]
     assert state(fresh) == "remote"
+    assert TARGET not in pipeline_stages(sample_manifest, fresh, remote)
 
     # Someone replaces the artifact under the key in the registry.
     key = json.loads(invoke("plan", "--target", TARGET, "--manifest", str(sample_manifest),
