@@ -19,7 +19,7 @@ from imageforge.cmd import docker
 from imageforge.errors import BuildError, CacheError, UsageError
 from imageforge.planning import project
 from imageforge.planning.plan import Plan, PlannedStage
-from imageforge.planning.render import _copy_lines
+from imageforge.planning.render import copy_text
 
 EXPORT_TIMEOUT = 1800
 MANIFEST_FILE = "imageforge-export.json"
@@ -37,8 +37,7 @@ def dockerfile(planned: Plan, stages: list[PlannedStage]) -> str:
         "stages": [{"name": s.name, "key": s.key, "inputs": s.inputs} for s in stages],
     }, indent=2, sort_keys=True, default=str)
     lines = ["FROM scratch"]
-    for stage in stages:
-        lines.extend(_copy_lines(planned.registry[stage.name]))
+    lines.extend(text for text in (copy_text(planned.registry[s.name]) for s in stages) if text)
     lines += [f"COPY <<'EOF' /{MANIFEST_FILE}", listing, "EOF"]
     return "\n".join(lines) + "\n"
 

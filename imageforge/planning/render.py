@@ -8,6 +8,7 @@ gathers them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from imageforge.model.stage import EXPORT_ROOT, Context, Stage
@@ -31,11 +32,13 @@ def render_stage(stage: Stage, ctx: Context, registry: Mapping[str, Stage],
     lines = [_from_line(stage, ctx)]
     needed = closure(stage.name, registry)
     # The parent's image already holds everything it needed (inherited or copied in).
-    inherited = {stage.name, *(closure(stage.parent, registry) if stage.parent else ())}
-    copied = [n for n in needed if n not in inherited]
-    for name in copied:
-        lines.extend(_copy_lines(registry[name]))
-    env = _env(stage, ctx, registry, needed,
+    from_parent = closure(stage.parent, registry) if stage.parent else []
+    inherited = {stage.name, *from_parent}
+    # A plan of thousands of stages copies each dependency into every stage that gathers it,
+    # so its COPY lines are made once per stage (_copy_text) and joined here.
+    lines.extend(text for text in (copy_text(registry[n]) for n in needed if n not in inherited)
+                 if text)
+    env = _env(stage, ctx, registry, needed, from_parent,
                paths_of or (lambda name: registry[name].env_paths(ctx)))
     if env:
         lines.append(env_line(env))
@@ -64,33 +67,35 @@ def _from_line(stage: Stage, ctx: Context) -> str:
     return f"FROM {base} AS {stage.name}"
 
 
-def _copy_lines(dep: Stage) -> list[str]:
-    lines = []
-    for path in dep.exports:
-        if path == EXPORT_ROOT:
-            lines.append(f"COPY --from={dep.name} {EXPORT_ROOT}/ /")
-        else:
-            lines.append(f"COPY --from={dep.name} {path} {path}")
-    return lines
+def copy_text(dep: Stage) -> str:
+    """The COPY lines that bring `dep`'s exports into another stage ("" when it has none)."""
+    return _copy_text(dep.name, dep.exports)
+
+
+@functools.cache
+def _copy_text(name: str, exports: tuple[str, ...]) -> str:
+    """The COPY lines that bring stage `name`'s exports into another stage."""
+    return "\n".join(f"COPY --from={name} {EXPORT_ROOT}/ /" if path == EXPORT_ROOT else
+                     f"COPY --from={name} {path} {path}" for path in exports)
 
 
 def _env(stage: Stage, ctx: Context, registry: Mapping[str, Stage], needed: list[str],
-         paths_of: PathsOf) -> dict[str, str]:
+         from_parent: list[str], paths_of: PathsOf) -> dict[str, str]:
     """Variables this stage sets: those of the stages it gathers that its parent did not
     already set (a builder's own variables belong to the stages that use it)."""
-    parent_set: set[str] = set()
-    if stage.parent is not None:
-        parent = registry[stage.parent]
-        parent_set = set(closure(parent.name, registry))
-        if not parent.image:
-            parent_set.discard(parent.name)
+    parent_set = set(from_parent)
+    if stage.parent is not None and not registry[stage.parent].image:
+        parent_set.discard(stage.parent)
     contributors = [n for n in needed if n not in parent_set and (n != stage.name or stage.image)]
     # dict keys: ordered, and a repeated entry is kept only where it first appears.
     paths: dict[str, dict[str, None]] = {}
     plain: dict[str, str] = {}
     # Later stages' paths come first so the most specific stage wins the lookup.
     for name in reversed(contributors):
-        for var, entries in paths_of(name).items():
+        contributed = paths_of(name)
+        if not contributed:
+            continue
+        for var, entries in contributed.items():
             found = paths.setdefault(var, {})
             for entry in entries:
                 found.setdefault(entry, None)

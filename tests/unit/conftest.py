@@ -1,4 +1,5 @@
-"""The sample upstream, served on 127.0.0.1, and manifests/sample.toml pointed at it."""
+"""The sample upstream, served on 127.0.0.1, manifests/sample.toml pointed at it, and its
+smddp plan."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from typing import Any
 
 import pytest
 
+from imageforge.planning import project
+from imageforge.planning.plan import Plan
 from sample.generate import generate
 from sample.serve import ServerHandle, start_server
+from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_ADDRESS = "http://127.0.0.1:8741"
@@ -23,6 +27,14 @@ def sample_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sample-upstream")
     generate(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def sample_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
+    """manifests/sample.toml planned for smddp, unresolved (nothing is fetched)."""
+    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
+                                cache_dir=tmp_path_factory.mktemp("cache"))
+    return project.plan(settings, "smddp")
 
 
 @pytest.fixture

@@ -7,46 +7,35 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import pytest
-
 from imageforge.buildkit.progress import BuildProgress, read_statuses
 from imageforge.buildkit.results import BuildResult, StageResult
 from imageforge.image.buildreport import markdown_summary, summary
-from imageforge.planning import project
 from imageforge.planning.execute import FINAL, bake_file, make_run, waves
 from imageforge.planning.plan import Plan
-from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
-                                cache_dir=tmp_path_factory.mktemp("cache"))
-    return project.plan(settings, "smddp")
-
-
-def test_a_cold_build_bakes_the_image_stage_after_everything_it_reads(plan: Plan) -> None:
-    building = [s.name for s in plan.stages if s.name != "base"]
-    parts = waves(plan, building)
+def test_a_cold_build_bakes_the_image_stage_after_everything_it_reads(sample_plan: Plan) -> None:
+    building = [s.name for s in sample_plan.stages if s.name != "base"]
+    parts = waves(sample_plan, building)
     assert parts == [[n for n in building if n != "smddp"], ["smddp"]]
 
 
-def test_only_what_is_built_splits_the_bakes(plan: Plan) -> None:
+def test_only_what_is_built_splits_the_bakes(sample_plan: Plan) -> None:
     # A pin of the image stage alone: one bake, everything else is read from the store.
-    assert waves(plan, ["smddp"]) == [["smddp"]]
+    assert waves(sample_plan, ["smddp"]) == [["smddp"]]
     # Non-image stages that read each other share a bake: BuildKit runs them side by side.
-    assert waves(plan, ["python", "pytorch", "torchvision"]) == [
+    assert waves(sample_plan, ["python", "pytorch", "torchvision"]) == [
         ["python", "pytorch", "torchvision"]]
-    assert waves(plan, ["boost", "smddp"]) == [["boost"], ["smddp"]]
-    assert waves(plan, []) == []
+    assert waves(sample_plan, ["boost", "smddp"]) == [["boost"], ["smddp"]]
+    assert waves(sample_plan, []) == []
 
 
-def test_an_early_bake_makes_no_image(plan: Plan, tmp_path: Path) -> None:
+def test_an_early_bake_makes_no_image(sample_plan: Plan, tmp_path: Path) -> None:
     building = ["efa", "nccl"]
-    early = make_run(plan, plan.registry, building, {}, final=False)
+    early = make_run(sample_plan, sample_plan.registry, building, {}, final=False)
     assert f"AS {FINAL}" not in early.dockerfile
     assert "AS smddp" not in early.dockerfile
     spec = bake_file(early, workdir=tmp_path, tag=None, labels={"a": "b"},
@@ -55,7 +44,7 @@ def test_an_early_bake_makes_no_image(plan: Plan, tmp_path: Path) -> None:
     assert sorted(spec["target"]) == ["artifact-efa", "artifact-nccl"]
     assert spec["group"]["default"]["targets"] == ["artifact-efa", "artifact-nccl"]
 
-    last = make_run(plan, plan.registry, ["smddp"], {}, final=True)
+    last = make_run(sample_plan, sample_plan.registry, ["smddp"], {}, final=True)
     assert f"FROM smddp AS {FINAL}" in last.dockerfile
     spec = bake_file(last, workdir=tmp_path, tag="t:1", labels={"a": "b"},
                      platform="linux/amd64", push=False,

@@ -11,26 +11,17 @@ import pytest
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import BuildResult, Clock, StageResult, as_noop
 from imageforge.cache.artifacts import ArtifactStore
-from imageforge.planning import project
 from imageforge.planning.execute import bake_file, make_run, whole_images
 from imageforge.planning.plan import Plan
-from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
-                                cache_dir=tmp_path_factory.mktemp("cache"))
-    return project.plan(settings, "smddp")
-
-
-def test_whole_images_are_those_built_from_and_the_image(plan: Plan) -> None:
-    building = [s.name for s in plan.stages if s.name != "base"]
+def test_whole_images_are_those_built_from_and_the_image(sample_plan: Plan) -> None:
+    building = [s.name for s in sample_plan.stages if s.name != "base"]
     # efa and python are built FROM by others; smddp is the image.
-    assert sorted(whole_images(plan, building)) == ["efa", "python", "smddp"]
-    assert whole_images(plan, ["nccl", "boost"]) == []
+    assert sorted(whole_images(sample_plan, building)) == ["efa", "python", "smddp"]
+    assert whole_images(sample_plan, ["nccl", "boost"]) == []
 
 
 def test_each_store_names_its_artifacts_apart(tmp_path: Path) -> None:
@@ -42,10 +33,10 @@ def test_each_store_names_its_artifacts_apart(tmp_path: Path) -> None:
 
 
 def test_image_artifacts_go_to_the_image_store_and_the_others_to_layouts(
-        plan: Plan, tmp_path: Path) -> None:
+        sample_plan: Plan, tmp_path: Path) -> None:
     building = ["efa", "nccl", "smddp"]
-    run = make_run(plan, plan.registry, building, {})
-    named = {n: f"imageforge-artifact/x/{n}:1" for n in whole_images(plan, building)}
+    run = make_run(sample_plan, sample_plan.registry, building, {})
+    named = {n: f"imageforge-artifact/x/{n}:1" for n in whole_images(sample_plan, building)}
     bake = bake_file(run, workdir=tmp_path, tag="t", labels={}, platform="linux/amd64",
                      push=False, artifact_dirs={"nccl": tmp_path / "nccl"},
                      artifact_images=named)
@@ -74,11 +65,11 @@ def test_a_clock_adds_each_lap_to_its_phase(monkeypatch: pytest.MonkeyPatch) -> 
     now = iter([10.0, 10.5, 12.0, 12.25, 13.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(now))
     clock = Clock()
-    clock.lap("plan")
+    clock.lap("sample_plan")
     clock.lap("bake")
-    clock.lap("plan")
+    clock.lap("sample_plan")
     clock.lap("store")
-    assert clock.phases == {"plan": 0.75, "bake": 1.5, "store": 0.75}
+    assert clock.phases == {"sample_plan": 0.75, "bake": 1.5, "store": 0.75}
 
 
 def status(digest: str, name: str, started: str | None, completed: str | None
