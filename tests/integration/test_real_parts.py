@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from stages.nccl import reproducible_nvcc
 from tests.integration.conftest import ROOT, docker_out, invoke
 
 MANIFEST = ROOT / "manifests/real-efa-nccl.toml"
@@ -88,23 +89,52 @@ def real_build(real_manifest: Path, cache_dir: Path) -> tuple[str, str]:
 @pytest.mark.usefixtures("real_build")
 def test_real_stages_rebuilt_from_scratch_are_the_same(real_manifest: Path,
                                                        cache_dir: Path) -> None:
-    """Same key, same bytes, for the real aws-ofi-nccl (autotools against Debian's
-    libfabric) and the image gathering the real parts: each built again from scratch
-    (BuildKit's cache off, cache mounts of its own). Not yet the nvcc-built stages: rebuilt
-    from scratch, libnccl.so and the nccl-tests binaries differed in content, and the real
-    efa stand-in's apt cache (/var/cache/apt/pkgcache.bin) too."""
+    """Same key, same bytes, for every real stage, each built again from scratch
+    (BuildKit's cache off, cache mounts of its own): nvcc-built NCCL and nccl-tests (they
+    differed before nvcc named its temporary files after the object, stages.nccl
+    .reproducible_nvcc), the efa stand-in that runs apt (pkgcache.bin differed before
+    dockerfile.APT_CLEAN), aws-ofi-nccl (autotools against Debian's libfabric) and the image."""
     result = invoke("verify", "--rebuild", "--target", "efa-nccl", "--manifest",
-                    str(real_manifest), "--set", ONLY_FUNCS, "--stage", "aws-ofi-nccl",
-                    "--stage", "efa-nccl", "--json", "--progress", "plain",
+                    str(real_manifest), "--set", ONLY_FUNCS, "--json", "--progress", "plain",
                     cache=cache_dir, timeout=BUILD_TIMEOUT)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     verdicts = {v["stage"]: v["result"] for v in json.loads(result.stdout)["stages"]}
-    # The image stays in the engine's image store: compared file by file.
-    assert verdicts == {"aws-ofi-nccl": "same", "efa-nccl": "same files"}
+    # efa (built FROM) and the image stay in the engine's image store: compared file by file.
+    assert verdicts == {"efa": "same files", "nccl": "same", "aws-ofi-nccl": "same",
+                        "nccl-tests": "same", "efa-nccl": "same files"}
 
 
 def run_in(image: str, script: str) -> str:
     return docker_out("run", "--rm", "--entrypoint", "bash", image, "-c", script)
+
+
+def test_real_nvcc_writes_the_same_files_twice_only_with_the_recipe_flags(
+        real_manifest: Path) -> None:
+    """The defects behind the differing libnccl.so and nccl-tests binaries, on the real nvcc
+    of the CUDA base: one file compiled twice differs (nvcc's tmpxft_<pid> file name is in
+    the object), and so does one program linked twice (the device link's stub), while each
+    is the same bytes after the command the nccl (objects) and nccl-tests (programs) recipes
+    run."""
+    base = re.search(r'^base = "([^"]+)"', real_manifest.read_text(), re.MULTILINE)
+    assert base, real_manifest
+    nvcc = "nvcc -g -O2 -gencode=arch=compute_90,code=sm_90"
+    compile_ = f"{nvcc} -c k.cu -o k.o && sha256sum k.o"
+    link = f"{nvcc} -c k.cu -o k.o && {nvcc} k.o -o k && sha256sum k"
+    objects, programs = reproducible_nvcc("13.0"), reproducible_nvcc("13.0", device_link=False)
+    # (what, the recipe's command or none, build, the same bytes twice?)
+    cases = [("object", "true", compile_, False),
+             ("object, nccl's flag", objects[0], compile_, True),
+             ("program, nccl's flag", objects[0], link, False),
+             ("program, nccl-tests' flags", programs[0], link, True)]
+    lines = ["set -euo pipefail", 'cd "$(mktemp -d)"',
+             "echo 'namespace { __global__ void k(int *x) { x[0] = 1; } }' > k.cu",
+             "echo 'int main() { k<<<1, 1>>>(nullptr); return 0; }' >> k.cu"]
+    lines += [f"( {flag} && for i in 1 2; do {build} | cut -c1-64; done )"
+              for _, flag, build, _ in cases]
+    found = run_in(base.group(1), "\n".join(lines)).split()
+    assert len(found) == 2 * len(cases), found
+    for i, (what, _, _, same) in enumerate(cases):
+        assert (found[2 * i] == found[2 * i + 1]) is same, what
 
 
 def test_lock_resolves_real_release_tags(real_manifest: Path) -> None:

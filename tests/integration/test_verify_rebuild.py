@@ -42,6 +42,15 @@ def digests(cache: Path) -> dict[str, str]:
     return found
 
 
+def private_mounts() -> set[str]:
+    """Descriptions of the cache mounts builds from nothing gave ids of their own."""
+    listing = subprocess.run(["docker", "buildx", "du", "--verbose", "--filter",
+                              "type=exec.cachemount"], capture_output=True, text=True,
+                             check=True).stdout
+    return {line for line in listing.splitlines()
+            if line.startswith("Description:") and "-verify-" in line}
+
+
 def verify(target: str, cache: Path, *args: str, env: dict[str, str] | None = None
            ) -> tuple[int, dict[str, Any], str]:
     result = invoke("verify", "--rebuild", "--target", target, "--json", "--progress", "plain",
@@ -63,9 +72,12 @@ def test_every_stage_rebuilt_from_scratch_is_byte_identical(
         built: dict[str, str], sample_manifest: Path, cache_dir: Path) -> None:
     assert set(built) == {"efa", "python", "nccl", "aws-ofi-nccl", "pytorch", "torchvision",
                           "boost", "sagemaker-training", "smddp"}
+    before = private_mounts()
     code, document, stderr = verify("smddp", cache_dir, "--manifest", str(sample_manifest),
                                     env=LAYOUTS)
     assert code == 0, stderr[-3000:]
+    # The pip and ccache mounts of its own the rebuild used are gone with it.
+    assert private_mounts() <= before
     verdicts = {v["stage"]: v for v in document["stages"]}
     assert set(verdicts) == set(built)
     for stage, verdict in verdicts.items():
@@ -146,8 +158,10 @@ def test_an_image_alone_is_checked_against_its_pins(sample_manifest: Path,
                     "--tag", tag, "--no-test", "--progress", "plain", cache=cache)
     assert result.returncode == 0, result.stderr[-3000:]
     # From the image alone: a verifier's own cache directory, built from nothing.
+    before = private_mounts()
     code, document, stderr = verify_image(tag, tmp_path / "verifier", sample_manifest)
     assert code == 0, stderr[-3000:]
+    assert private_mounts() <= before
     [verdict] = document["stages"]
     assert verdict["stage"] == "efa-nccl"
     assert verdict["result"] == "same files", verdict
