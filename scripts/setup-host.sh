@@ -21,6 +21,10 @@
 #     background, logging to /var/log/imageforge-{containerd,dockerd}.log.
 #   - sets features.containerd-snapshotter=true in /etc/docker/daemon.json, keeping its other
 #     keys (the containerd image store lets the default buildx driver export cache).
+#   - when daemon.json has no builder.gc of its own, sets builder.gc to enabled with
+#     defaultKeepStorage $BUILDKIT_KEEP: without it dockerd runs BuildKit with no garbage
+#     collection at all (moby/moby#49826), and its build cache grows until the disk is full.
+#   Both take effect when dockerd starts: a daemon already running is left as it is.
 set -euo pipefail
 # shellcheck source=lib/apt-safe.sh
 . "$(dirname "$0")/lib/apt-safe.sh"
@@ -30,6 +34,9 @@ DOCKERD_LOG=/var/log/imageforge-dockerd.log
 CONTAINERD_LOG=/var/log/imageforge-containerd.log
 DAEMON_JSON=/etc/docker/daemon.json
 START_TIMEOUT=60
+# BuildKit's cache beyond this is collected, least recently used first (Docker Desktop's
+# default too); imageforge keeps its artifacts in its own cache, not in BuildKit's.
+BUILDKIT_KEEP=${BUILDKIT_KEEP:-20GB}
 
 log() { echo "setup-host: $*"; }
 die() { echo "setup-host: error: $*" >&2; exit 1; }
@@ -108,27 +115,14 @@ EOF
     log "installed in $((SECONDS - t0)) s"
 fi
 
-# --- 2. containerd image store ----------------------------------------------------------------
-if ! python3 - "$DAEMON_JSON" <<'EOF'
-import json, os, sys
-path = sys.argv[1]
-cfg = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
-sys.exit(0 if cfg.get("features", {}).get("containerd-snapshotter") is True else 1)
-EOF
-then
-    need_root "write $DAEMON_JSON"
-    python3 - "$DAEMON_JSON" <<'EOF'
-import json, os, sys
-path = sys.argv[1]
-cfg = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
-cfg.setdefault("features", {})["containerd-snapshotter"] = True   # keep all other keys
-os.makedirs(os.path.dirname(path), exist_ok=True)
-with open(path, "w") as f:
-    json.dump(cfg, f, indent=2)
-    f.write("\n")
-EOF
-    log "enabled containerd-snapshotter in $DAEMON_JSON"
-fi
+# --- 2. containerd image store, BuildKit's garbage collection ---------------------------------
+status=0
+python3 "$(dirname "$0")/daemon_json.py" "$DAEMON_JSON" "$BUILDKIT_KEEP" || status=$?
+case $status in
+    0) log "set containerd-snapshotter and BuildKit's garbage collection in $DAEMON_JSON" ;;
+    3) ;;
+    *) exit 1 ;;
+esac
 
 # --- 3. start the daemons (no systemd) ----------------------------------------------------------
 if ! daemon_up; then

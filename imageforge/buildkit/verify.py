@@ -209,8 +209,13 @@ def save_image(ref: str, dest: Path) -> Path:
     dest.mkdir(parents=True)
     result = docker("image", "save", "-o", str(archive), ref, timeout=1800)
     if result.returncode != 0:
-        raise DockerError(f"docker image save {ref} failed: "
-                          f"{result.stderr.decode(errors='replace').strip()}")
+        shutil.rmtree(dest, ignore_errors=True)
+        archive.unlink(missing_ok=True)
+        said = result.stderr.decode(errors="replace").strip()
+        if "No such image" in said or "not found" in said:
+            raise DockerError(f"{ref} is not in the Docker engine's image store (removed "
+                              "since it was built?); build it again, then verify.")
+        raise DockerError(f"docker image save {ref} failed: {said}")
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
     archive.unlink()

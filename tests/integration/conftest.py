@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from bench.engine import forget_namespaces, mounts_under
+from tests.engine_cleanup import engine_left_as_found  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PORT = "127.0.0.1:8741"

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from imageforge.buildkit.verify import save_image
+from imageforge.errors import DockerError
 from tests.integration.conftest import SecondDockerd, invoke
 
 LAYOUTS = {"INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS": "oci-layout"}
@@ -194,3 +196,13 @@ def verify_image(ref: str, cache: Path, manifest: Path, *args: str
                     "--json", "--progress", "plain", *args, cache=cache, timeout=1800)
     document = json.loads(result.stdout) if result.stdout.strip() else {}
     return result.returncode, document, result.stderr
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_an_image_gone_from_the_engine_is_named_with_what_to_do(tmp_path: Path) -> None:
+    ref = f"imageforge-test/absent:{tmp_path.name[-8:].lower()}"
+    with pytest.raises(DockerError) as caught:
+        save_image(ref, tmp_path / "stored")
+    assert str(caught.value) == (f"{ref} is not in the Docker engine's image store (removed "
+                                 "since it was built?); build it again, then verify.")
+    assert list(tmp_path.iterdir()) == []
