@@ -79,8 +79,13 @@ def test_without_credentials_no_config_is_written(temp_root: Path) -> None:
     assert secrets_left(temp_root) == []
 
 
+# The child makes SIGINT raise KeyboardInterrupt, as at a terminal: a test run started in the
+# background by a non-interactive shell inherits SIGINT ignored, and Python then never raises
+# it (the child read on until the test's timeout, in one such run).
 HOLD = """
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from imageforge.cache import remote
 environ = {"IMAGEFORGE_REGISTRY_USER": sys.argv[1], "IMAGEFORGE_REGISTRY_PASSWORD": sys.argv[2]}
 with remote.credentials("registry.example:5000", environ) as env:
