@@ -1,6 +1,7 @@
 """Leaving the host engine as the test session found it: the images its tests made are
-removed when it ends. A full run tags about 700 images (real CUDA ones among them) that
-nothing reads afterwards; kept, they filled a 100 GB disk within two runs.
+removed when it ends. A full run left 139 images behind (real CUDA ones among them) that
+nothing reads afterwards; with BuildKit's cache and pytest's temp directories, runs on one
+disk filled its 100 GB.
 
 Sessions at once on one engine (a single test run beside a full one) cannot tell whose image
 is whose, so each holds a shared lock on one file while it runs, and only a session that ends
