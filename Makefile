@@ -26,14 +26,18 @@ docker:
 host-tools:
 	scripts/host-tools.sh
 
+# Spread over JOBS workers (one per core by default); tests/conftest.py says what runs where.
+JOBS ?= auto
+XDIST = -n $(JOBS) --dist loadgroup --no-loadscope-reorder
+
 test: setup host-tools docker
-	$(BIN)/pytest -q --durations=15 tests/unit tests/integration
+	$(BIN)/pytest -q $(XDIST) --durations=30 tests/unit tests/integration
 
 unit: setup host-tools
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q $(XDIST) tests/unit
 
 integration: setup docker
-	$(BIN)/pytest -q tests/integration
+	$(BIN)/pytest -q $(XDIST) tests/integration
 
 # Mutation testing (scripts/mutation.py): mutmut mutates every function of the modules that
 # carry the promises ([tool.mutmut] in pyproject.toml) and runs the unit tests covering each;

@@ -741,16 +741,21 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
     from imageforge.buildkit.results import BuildOptions
     from imageforge.image.buildreport import summary
     from imageforge.model import matrix as matrix_mod
+    from imageforge.sources import cabundle
 
     path = _matrix_file(file, "matrix.build")
     mode = progress_mode(progress)
+    # As `build` does: without it a pip step behind a TLS-intercepting proxy fails, unless
+    # BuildKit's layer cache happens to hold that step already.
+    bundle = cabundle.resolve(pick(None, config, "ca_bundle"))
     entries = matrix_mod.load(path)
     results: list[dict[str, Any]] = []
     for entry in entries:
         s = _entry_settings(config, entry)
         target = _target(s, entry.target)
         yield f"== {entry.label}: {target}"
-        result = build_mod.build(s, BuildOptions(target=target, tag=entry.tag, progress=mode))
+        result = build_mod.build(s, BuildOptions(target=target, tag=entry.tag, progress=mode,
+                                                     ca_bundle=bundle))
         assert result is not None
         yield summary(result)
         if test and project.is_image(s, target):

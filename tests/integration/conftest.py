@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from bench.engine import forget_namespaces, mounts_under
+from tests import leftovers
 from tests.engine_cleanup import engine_left_as_found  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,11 +264,23 @@ def registry_env() -> dict[str, str]:
             "IMAGEFORGE_REGISTRY_PASSWORD": REGISTRY_PASSWORD}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def leftovers_swept() -> None:
+    """What sessions killed half-way left (their second engines, tmpfs mounts), removed
+    before this session makes its own. Beside another session or xdist worker this removes
+    nothing of theirs: only the things of owners no longer alive are swept."""
+    leftovers.sweep()
+
+
 class SecondDockerd:
     """A second Docker engine on its own socket, data-root, exec-root and bridge (sharing
     this host's containerd under its own namespace), with the base image. Tests may stop it
     (`kill`) and start it again (`start`); nobody else uses it, so its containers,
-    builders and build cache are the tests' alone. The host's own daemon is never touched."""
+    builders and build cache are the tests' alone. The host's own daemon is never touched.
+
+    It outlives a session killed half-way (it runs in a session of its own), and so do its
+    bridge, rules, namespaces and mounts: `start` records it in tests/leftovers.py first,
+    `stop` removes the record, and the next session's sweep removes a dead session's."""
 
     def __init__(self, root: Path) -> None:
         run = uuid.uuid4().hex[:8]
@@ -297,6 +310,7 @@ class SecondDockerd:
     def start(self) -> None:
         if self.process is not None and self.process.poll() is None:
             return
+        self.register()
         if not Path(f"/sys/class/net/{self.bridge}").exists():
             for command in (["ip", "link", "add", "name", self.bridge, "type", "bridge"],
                             ["ip", "addr", "add", self.subnet, "dev", self.bridge],
@@ -321,11 +335,21 @@ class SecondDockerd:
             assert time.monotonic() < deadline, "the second dockerd did not start"
             time.sleep(0.3)
 
+    def register(self) -> None:
+        """Recorded before anything is made: a kill right after the bridge appears still
+        leaves a record naming it. The sweep finds the engine's rules by their tag and its
+        process by its pidfile or socket, so the record needs no update afterwards."""
+        leftovers.register("dockerd", self.name, name=self.name, root=str(self.root),
+                           socket=str(self.socket), pidfile=str(self.root / "docker.pid"),
+                           bridge=self.bridge)
+
     def route_out(self) -> None:
         """NAT for its bridge, as the host engine has for docker0 (this one runs with
         --iptables=false so that it never rewrites the host's chains): its build steps reach
         Debian's mirror and PyPI like any CI runner's. Only these rules, tagged with its name,
-        are added, and `stop` deletes them."""
+        are added, and `stop` deletes them (or, after a kill, the next session's sweep, which
+        finds them by the tag)."""
+        self.register()
         network = self.subnet.rsplit(".", 1)[0] + ".0/24"
         tag = ["-m", "comment", "--comment", self.name]
         for table, chain, rule in (
@@ -356,6 +380,7 @@ class SecondDockerd:
             subprocess.run(rule, capture_output=True, check=False)
         self.rules = []
         self.forget()
+        leftovers.unregister("dockerd", self.name)
 
     def forget(self) -> None:
         """Empty and remove this engine's namespaces in the host's containerd: its unpacked
@@ -429,12 +454,16 @@ def dockerd2(second_dockerd: SecondDockerd) -> SecondDockerd:
 
 @pytest.fixture(scope="session")
 def second_builder(second_dockerd: SecondDockerd) -> Iterator[str]:
-    """The second engine as a docker context: the buildx builder of that name is its own."""
-    subprocess.run(["docker", "context", "create", second_dockerd.name, "--docker",
-                    f"host=unix://{second_dockerd.socket}"], capture_output=True, check=True)
+    """The second engine as a docker context: the buildx builder of that name is its own.
+    Recorded before it is made, as the context outlives a killed session too."""
+    leftovers.register("context", second_dockerd.name, name=second_dockerd.name)
     try:
+        subprocess.run(["docker", "context", "create", second_dockerd.name, "--docker",
+                        f"host=unix://{second_dockerd.socket}"], capture_output=True,
+                       check=True)
         second_dockerd.start()
         yield second_dockerd.name
     finally:
         subprocess.run(["docker", "context", "rm", "-f", second_dockerd.name],
                        capture_output=True, check=False)
+        leftovers.unregister("context", second_dockerd.name)

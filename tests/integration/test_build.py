@@ -7,14 +7,40 @@ import json
 import os
 import stat
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.integration.conftest import docker_out, invoke
+from tests.integration.conftest import ROOT, docker_out, invoke
 
 RUN = uuid.uuid4().hex[:8]
+CHECKOUT_CACHE = ROOT / "cache"
+# Host-side download caches that scripts/cuda-base.sh and test_real_parts keep in the
+# checkout on purpose, and that other modules may fill while these tests run.
+SHARED_DOWNLOADS = ("sources/cuda-wheels", "sources/debs")
+
+
+def checkout_cache_files() -> dict[str, tuple[int, int]]:
+    """Each file under the checkout's cache/ (download caches aside) with its size and mtime."""
+    found = {}
+    for path in CHECKOUT_CACHE.rglob("*"):
+        name = path.relative_to(CHECKOUT_CACHE).as_posix()
+        if path.is_dir() or name.startswith(SHARED_DOWNLOADS):
+            continue
+        info = path.lstat()
+        found[name] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def checkout_cache_untouched() -> Iterator[None]:
+    """Every command here gets a cache of the test's own: the checkout's cache/ (a user's real
+    one) is neither read nor written."""
+    before = checkout_cache_files()
+    yield
+    assert checkout_cache_files() == before
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +78,15 @@ def test_plugin_links_without_missing_libraries(smddp_image: str) -> None:
     assert "not found" not in ldd
 
 
-def test_image_carries_labels_and_environment(smddp_image: str, sample_manifest: Path) -> None:
+def test_image_carries_labels_and_environment(smddp_image: str, sample_manifest: Path,
+                                              cache_dir: Path) -> None:
     config = json.loads(docker_out("image", "inspect", "--format", "{{json .Config}}",
                                    smddp_image))
     labels = config["Labels"]
     assert labels["io.imageforge.target"] == "smddp"
     assert labels["io.imageforge.version.nccl"] == "2.10.3"
     plan = json.loads(invoke("plan", "--target", "smddp", "--manifest", str(sample_manifest),
-                             "--json").stdout)
+                             "--json", cache=cache_dir).stdout)
     for stage in plan["stages"]:
         assert labels[f"io.imageforge.key.{stage['name']}"] == stage["key"]
     env = dict(item.split("=", 1) for item in config["Env"])
@@ -118,8 +145,9 @@ def test_a_new_smddp_wheel_reruns_only_its_install_step(sample_manifest: Path,
 
 def test_efa_nccl_image_from_sample(sample_manifest: Path, cache_dir: Path) -> None:
     tag = f"imageforge-test/efa-nccl:{RUN}"
+    # The checks run once, through test-image below.
     result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
-                    "--tag", tag, "--progress", "json", cache=cache_dir)
+                    "--tag", tag, "--progress", "json", "--no-test", cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     assert {e["stage"] for e in events} >= {"efa", "nccl", "aws-ofi-nccl", "nccl-tests"}
@@ -143,6 +171,7 @@ def test_failing_stage_names_itself_and_shows_its_log(sample_manifest: Path,
 
 def test_stopped_daemon_is_one_clear_error(sample_manifest: Path, tmp_path: Path) -> None:
     result = invoke("build", "--target", "efa", "--manifest", str(sample_manifest),
+                    cache=tmp_path / "cache",
                     env={"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
     assert result.returncode == 6
     assert "Docker daemon is not running" in result.stderr
@@ -160,10 +189,16 @@ def test_missing_buildx_is_one_clear_error(sample_manifest: Path, tmp_path: Path
                     '  echo "docker: \'buildx\' is not a docker command." >&2; exit 1\nfi\n'
                     f'exec {docker_path()} "$@"\n')
     shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    # A cache of its own and empty (not this module's, which holds efa already): the build
+    # must reach the bake, where the missing buildx shows.
+    cache = tmp_path / "cache"
     result = invoke("build", "--target", "efa", "--manifest", str(sample_manifest),
-                    env={"PATH": f"{shim.parent}:{os.environ['PATH']}"})
+                    cache=cache, env={"PATH": f"{shim.parent}:{os.environ['PATH']}"})
     assert result.returncode == 6
     assert "buildx is not installed" in result.stderr
+    # It got that far: the efa installer was fetched, into this cache (before, the checkout's).
+    assert [p.name for p in (cache / "sources").rglob("*.tar.gz")] == \
+        ["aws-efa-installer-1.14.1.tar.gz"]
 
 
 def docker_path() -> str:

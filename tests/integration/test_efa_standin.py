@@ -8,6 +8,7 @@ inside the image: real providers, libfabric 1.17, its rdma-core libraries resolv
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -112,9 +113,42 @@ def test_mpirun_runs_two_ranks(image: str) -> None:
     assert in_image(image, "mpirun --allow-run-as-root -np 2 echo rank").split() == ["rank"] * 2
 
 
+MPI_PROGRAM = r"""#include <mpi.h>
+#include <stdio.h>
+int main(int c, char **v) {
+    int rank, size;
+    MPI_Init(&c, &v);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    printf("rank %d of %d\n", rank, size);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+# Both ways a user builds an MPI program: the mpicc wrapper on PATH, and gcc pointed at
+# /opt/amazon/openmpi by hand; each program then runs on two ranks.
+MPI_BUILDS = r"""set -eo pipefail
+cd /tmp
+printf '%s' @PROGRAM@ > t.c
+echo "mpicc $(command -v mpicc)"
+mpicc t.c -o t-wrapper
+gcc -I/opt/amazon/openmpi/include t.c -L/opt/amazon/openmpi/lib -lmpi -o t-direct
+for t in t-wrapper t-direct; do
+    echo "$t loads $(ldd ./$t | awk '$1 == "libmpi.so.40" {print $3}')"
+    mpirun --allow-run-as-root -np 2 ./$t | sort | sed "s/^/$t /"
+done
+"""
+
+
 def test_mpicc_builds_against_opt_amazon_openmpi(image: str) -> None:
-    in_image(image, "cd /tmp && printf '#include <mpi.h>\\nint main(int c, char **v) "
-                    "{ MPI_Init(&c, &v); MPI_Finalize(); return 0; }\\n' > t.c "
-                    "&& mpicc t.c -o t-wrapper "
-                    "&& gcc -I/opt/amazon/openmpi/include t.c -L/opt/amazon/openmpi/lib -lmpi "
-                    "-o t-direct && mpirun --allow-run-as-root -np 2 ./t-direct")
+    out = in_image(image, MPI_BUILDS.replace("@PROGRAM@", shlex.quote(MPI_PROGRAM)))
+    # The Open MPI the image puts first on PATH and LD_LIBRARY_PATH, and both ranks of one
+    # world of two really ran each program.
+    assert out.splitlines() == [
+        "mpicc /opt/amazon/openmpi/bin/mpicc",
+        "t-wrapper loads /opt/amazon/openmpi/lib/libmpi.so.40",
+        "t-wrapper rank 0 of 2", "t-wrapper rank 1 of 2",
+        "t-direct loads /opt/amazon/openmpi/lib/libmpi.so.40",
+        "t-direct rank 0 of 2", "t-direct rank 1 of 2"], out

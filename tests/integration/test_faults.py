@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import leftovers
 from tests.cache_consistency import assert_cache_consistent
 from tests.integration.conftest import (
     Running,
@@ -77,14 +78,11 @@ def test_daemon_stopped_mid_build_exits_6_and_a_build_after_restart_succeeds(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs: room for the sample's sources, not for a whole-image artifact."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    """A 2 MiB tmpfs: room for the sample's sources, not for a whole-image artifact. Recorded
+    (tests/leftovers.py), so a session killed while it is mounted leaves it to the next
+    session's sweep."""
+    with leftovers.tmpfs(tmp_path / "disk", "2m") as disk:
+        yield disk
 
 
 def fill(disk: Path, leave: int) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from tests.checksummary import check_summaries
 from tests.integration.conftest import invoke
 
 RUN = uuid.uuid4().hex[:8]
@@ -46,8 +47,11 @@ tag = "{tags[1]}"
                  if s["state"] == "built"]
         assert len(built) == len(set(built)) == summary["keys_to_build"]
         assert document["built"] == document["distinct_built"] == len(built)
-        # Both images were tested (their checks ran and passed) and tagged.
-        assert result.stdout.count("0 failed") == 2, result.stdout[-3000:]
+        # Both images were tested (their checks ran and passed) and tagged: one summary line
+        # per image, in matrix order (a substring such as "0 failed" would match "10 failed").
+        summaries = check_summaries(result.stdout)
+        assert [s.image for s in summaries] == tags, result.stdout[-3000:]
+        assert all(s.ok > 0 and s.failed == 0 for s in summaries), summaries
         for tag in tags:
             subprocess.run(["docker", "image", "inspect", tag], check=True,
                            capture_output=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from stages.nccl import reproducible_nvcc
+from tests.checksummary import checks_passed
 from tests.integration.conftest import ROOT, docker_out, invoke
 
 MANIFEST = ROOT / "manifests/real-efa-nccl.toml"
@@ -137,17 +138,34 @@ def test_real_nvcc_writes_the_same_files_twice_only_with_the_recipe_flags(
         assert (found[2 * i] == found[2 * i + 1]) is same, what
 
 
-def test_lock_resolves_real_release_tags(real_manifest: Path) -> None:
-    lock = real_manifest.with_name("real-efa-nccl.lock.json").read_text()
-    # The commits the real tags point to (git rev-parse v2.30.7-1, v1.21.1, v2.19.6).
-    for tag in ("v2.30.7-1", "v1.21.1", "v2.19.6"):
-        assert tag in lock
-    assert "73cf112295c33aee2b895f329f592f2a9b4b0f97" in lock   # nccl v2.30.7-1
+# The real sources and the tags the manifest's versions name.
+REAL_TAGS = {"nccl": "v2.30.7-1", "aws-ofi-nccl": "v1.21.1", "nccl-tests": "v2.19.6"}
+
+
+def tag_commit(upstream_root: Path, stage: str, tag: str) -> str:
+    """The commit `tag` points to in the real repository (peeled: an annotated tag's
+    object is not the commit)."""
+    found = subprocess.run(["git", "rev-parse", f"{tag}^{{commit}}"], capture_output=True,
+                           text=True, check=True,
+                           cwd=upstream_root / "git" / f"{stage}.git").stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{40}", found), found
+    return found
+
+
+def test_lock_resolves_real_release_tags(real_manifest: Path, upstream_root: Path) -> None:
+    lock = json.loads(real_manifest.with_name("real-efa-nccl.lock.json").read_text())
+    for stage, tag in REAL_TAGS.items():
+        [source] = lock["stages"][stage].values()
+        assert source["from"]["ref"] == tag, source
+        assert source["commit"] == tag_commit(upstream_root, stage, tag), (stage, source)
+    # And the one commit known from upstream itself (git rev-parse v2.30.7-1 on GitHub).
+    assert lock["stages"]["nccl"]["src-nccl"]["commit"] == \
+        "73cf112295c33aee2b895f329f592f2a9b4b0f97"
 
 
 def test_every_image_check_passes_with_a_versions_report(real_build: tuple[str, str]) -> None:
     _, output = real_build
-    assert "0 failed" in output, output[-4000:]
+    assert checks_passed(output), output[-4000:]
     rows = {line.split()[0]: line for line in output.splitlines()
             if re.match(r"^(nccl|aws-ofi-nccl|libfabric|Open|nvcc)\b", line)}
     assert re.search(r"2\.30\.7\s+2\.30\.7\s+yes", rows["nccl"]), rows
@@ -207,9 +225,11 @@ def test_platform_aws_is_refused_on_libfabric_1_17(real_manifest: Path,
                     "stages.aws-ofi-nccl.configure_flags=--enable-platform-aws",
                     cache=cache_dir)
     assert result.returncode == 3, result.stdout + result.stderr
-    text = result.stdout + result.stderr
-    assert "1.17" in text
-    assert "1.22" in text
+    # The rule's own sentence: the plugin, the flag, the libfabric it needs and the one the
+    # pinned installer bundles.
+    assert re.search(r"aws-ofi-nccl 1\.21\.1 with --enable-platform-aws needs libfabric >= "
+                     r"1\.22\.0, but EFA installer 1\.22\.0 bundles libfabric 1\.17\b",
+                     result.stdout + result.stderr), result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +277,6 @@ def test_plugin_builds_from_its_make_dist_release_tarball(
                     ONLY_FUNCS, "--locked", "--tag", tag, "--progress", "plain",
                     cache=cache_dir, timeout=BUILD_TIMEOUT)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
-    assert "0 failed" in result.stdout
+    assert checks_passed(result.stdout), result.stdout[-4000:]
     assert re.search(r"^aws-ofi-nccl\s+1\.21\.1\s+1\.21\.1\s+yes", result.stdout, re.M)
     assert "/usr/local/lib/libnccl-net.so" in run_in(tag, "ls /usr/local/lib/libnccl-net.so")

@@ -35,7 +35,7 @@ def nccl_cache(sample_manifest: Path, second_dockerd: SecondDockerd,
     cache = tmp_path_factory.mktemp("nccl-cache")
     second_dockerd.start()
     result = invoke("build", "--target", "nccl", "--manifest", str(sample_manifest),
-                    "--progress", "plain", cache=cache, env=second_dockerd.env)
+                    "--progress", "plain", "--no-test", cache=cache, env=second_dockerd.env)
     assert result.returncode == 0, result.stderr
     return cache
 

@@ -6,6 +6,7 @@ Ctrl-C/SIGTERM; and after every job none of its containers or networks is left."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -22,9 +23,11 @@ import pytest
 
 from tests.integration.conftest import ROOT, docker_out, invoke
 
-# One fixed tag, kept between sessions: a rebuild is then a cache hit (under a second),
-# where untagging a 1.4 GB image costs 6-10 s at every session's end.
-IMAGE = "imageforge-test/runlocal:toolkit-5.1.4"
+# Kept between sessions under a name the session clean-up does not match
+# (tests/engine_cleanup.py), tagged with the hash of what it is built from: a session finds
+# it and builds nothing, where a tag the clean-up removed made every run load the 1.4 GB image
+# again. A changed Dockerfile or requirement set gives another tag.
+IMAGE_REPOSITORY = "imageforge-testkit/runlocal-toolkit"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # The pinned, hash-checked requirement set (regenerate: see its first lines).
 REQUIREMENTS = Path(__file__).with_name("runlocal-toolkit.txt")
@@ -125,9 +128,15 @@ def build_toolkit(requirements: str, *tag: str) -> subprocess.CompletedProcess[s
 def toolkit_image(docker_ready: None) -> str:
     """A small training image with the real toolkit, built (or found in the layer cache)."""
     del docker_ready  # requested for its Docker check only (usefixtures is for tests)
-    build = build_toolkit(REQUIREMENTS.read_text(), "--tag", IMAGE)
+    requirements = REQUIREMENTS.read_text()
+    digest = hashlib.sha256(f"{DOCKERFILE}\0{requirements}".encode()).hexdigest()[:16]
+    image = f"{IMAGE_REPOSITORY}:{digest}"
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True,
+                      check=False).returncode == 0:
+        return image
+    build = build_toolkit(requirements, "--tag", image)
     assert build.returncode == 0, build.stderr[-3000:]
-    return IMAGE
+    return image
 
 
 def pinned(text: str) -> dict[str, tuple[str, list[str]]]:

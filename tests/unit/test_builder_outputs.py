@@ -95,6 +95,12 @@ def test_a_codec_that_cannot_be_copied_fails_the_step(tmp_path: Path) -> None:
     # out/usr is a file, so the library's directory cannot be made: the step must fail,
     # not leave an image without its codec.
     (out / "usr").write_text("")
+    # LC_ALL=C: mkdir's message and its quotes follow the locale.
     result = subprocess.run(["sh", "-c", torchvision.bundle_libraries(str(out))],
-                            capture_output=True, text=True, check=False)
-    assert result.returncode != 0, result.stderr
+                            capture_output=True, text=True, check=False,
+                            env={**os.environ, "LC_ALL": "C"})
+    # The step's own `|| exit 1`, with mkdir's one line naming the path it could not make.
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == f"mkdir: cannot create directory '{out}/usr': Not a directory\n"
+    # Nothing was copied: the tree holds only what the test put there.
+    assert sorted(p.name for p in out.rglob("*")) == ["usr", "x.so"]

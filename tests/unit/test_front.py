@@ -301,3 +301,23 @@ def test_whole_image_artifacts_go_to_the_image_store_unless_configured_otherwise
                                          r"of image-store, oci-layout \(invoke.yaml or "
                                          r"INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS\)\.$"):
         front.settings(configured(tmp_path))
+
+
+@pytest.mark.parametrize("run", ["build", "matrix.build"])
+def test_build_and_matrix_build_read_the_same_ca_bundle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: str) -> None:
+    """matrix.build once ignored the CA bundle that build hands to pip's steps: behind a
+    TLS-intercepting proxy its pip steps failed unless BuildKit's cache held them. A bundle
+    that cannot be read is refused by both, naming where it came from, before any build."""
+    matrix = tmp_path / "images.toml"
+    matrix.write_text(f'[[image]]\nmanifest = "{ROOT / "manifests" / "efa-nccl.toml"}"\n')
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "absent.pem"))
+    config = configured(tmp_path, f"imageforge:\n  cache_dir: {tmp_path}\n")
+    manifest = str(ROOT / "manifests/efa-nccl.toml")
+    runs: dict[str, Callable[[], object]] = {
+        "build": lambda: list(front.build(config, front.Flags(manifest=manifest),
+                                          front.BuildRequest(target="efa-nccl"))),
+        "matrix.build": lambda: list(front.matrix_build(config, str(matrix), test=False,
+                                                        progress="plain", report=None))}
+    with pytest.raises(ManifestError, match=rf"^SSL_CERT_FILE {tmp_path}/absent.pem: cannot "):
+        runs[run]()

@@ -99,6 +99,34 @@ def test_overrides_change_the_manifest_digest() -> None:
     assert plain.digest() != changed.digest()
 
 
-@pytest.mark.parametrize("name", ["smddp.toml", "efa-nccl.toml", "pt25-cu124.toml"])
-def test_shipped_manifests_are_valid(name: str) -> None:
-    load(ROOT / "manifests" / name, registry=STAGES)
+# What README.md's manifest table says each shipped manifest pins (CUDA, Python, the
+# versions of its stages) and the rules it waives on purpose.
+SHIPPED = [
+    ("smddp.toml", "11.3", "3.8",
+     {"python": "3.8", "efa": "1.14.1", "nccl": "2.10.3", "aws-ofi-nccl": "1.1.3-aws",
+      "pytorch": "1.10.2", "torchvision": "0.11.3", "boost": "1.73.0", "smddp": "1.4.0"},
+     {"nccl-pytorch-pin"}),
+    ("efa-nccl.toml", "11.1", "3.6",
+     {"efa": "1.11.2", "nccl": "2.7.8", "aws-ofi-nccl": "1.1.1", "nccl-tests": "master"},
+     set()),
+    ("pt25-cu124.toml", "12.4", "3.11",
+     {"python": "3.11", "efa": "1.36.0", "nccl": "2.23.4", "aws-ofi-nccl": "1.12.1-aws",
+      "pytorch": "2.5.1", "torchvision": "0.20.1", "boost": "1.73.0", "smddp": "2.6.0"},
+     {"nccl-pytorch-pin"}),
+]
+
+
+@pytest.mark.parametrize(("name", "cuda", "python", "versions", "waived"), SHIPPED)
+def test_shipped_manifests_are_valid(name: str, cuda: str, python: str,
+                                     versions: dict[str, str], waived: set[str]) -> None:
+    loaded = load(ROOT / "manifests" / name, registry=STAGES)
+    assert loaded.image["name"]
+    assert (loaded.image["cuda"], loaded.image["python"]) == (cuda, python)
+    assert {stage: inputs["version"] for stage, inputs in loaded.stages.items()
+            if inputs.get("version")} == versions
+    assert set(loaded.waivers) == waived
+    # Templates are substituted: no value still holds a placeholder such as {version}.
+    templated = [f"{stage}.{key}" for stage, inputs in loaded.stages.items()
+                 for key, value in inputs.items() if isinstance(value, str) and "{" in value]
+    assert templated == []
+    assert loaded.stages["nccl"]["ref"] == f"v{versions['nccl']}-1"

@@ -38,11 +38,16 @@ def server(upstream: Path) -> Iterator[ServerHandle]:
         yield handle
 
 
-def git(*args: str, cwd: Path | None = None) -> str:
+def git_env() -> dict[str, str]:
+    """An environment where no user or system git config (credential helpers) takes part."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0")
+    return env
+
+
+def git(*args: str, cwd: Path | None = None) -> str:
     out = subprocess.run(
-        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True
+        ["git", *args], cwd=cwd, env=git_env(), capture_output=True, text=True, check=True
     )
     return out.stdout.strip()
 
@@ -186,10 +191,21 @@ def test_push_is_refused(server: ServerHandle, tmp_path: Path) -> None:
     proc = subprocess.run(
         ["git", "push", "origin", "HEAD:refs/heads/other"],
         cwd=tmp_path / "v",
+        # LC_ALL=C: git translates its messages.
+        env={**git_env(), "LC_ALL": "C"},
         capture_output=True,
+        text=True,
         check=False,
     )
-    assert proc.returncode != 0
+    # git http-backend refuses receive-pack to an unauthenticated client (403); git's own
+    # exit code for a fatal error is 128.
+    assert proc.returncode == 128, proc.stderr
+    assert proc.stderr == (f"fatal: unable to access '{server.url}/git/vision.git/': "
+                           "The requested URL returned error: 403\n")
+    # And the server's repository really is unchanged.
+    refs = git("ls-remote", f"{server.url}/git/vision.git").split()
+    assert "refs/heads/main" in refs
+    assert "refs/heads/other" not in refs
 
 
 def test_file_url_clone_works_too(upstream: Path, pins: dict[str, Any], tmp_path: Path) -> None:
