@@ -5,6 +5,7 @@ caught by `invoke verify --rebuild`, which names the stage and the file."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,12 @@ def digests(cache: Path) -> dict[str, str]:
     return found
 
 
-def private_mounts() -> set[str]:
-    """Descriptions of the cache mounts builds from nothing gave ids of their own."""
-    listing = subprocess.run(["docker", "buildx", "du", "--verbose", "--filter",
-                              "type=exec.cachemount"], capture_output=True, text=True,
-                             check=True).stdout
+def private_mounts(engine: SecondDockerd) -> set[str]:
+    """Descriptions of the cache mounts builds from nothing gave ids of their own, in the
+    second engine: only this module's tests build there while they run (tests/conftest.py),
+    whereas the host engine's list changes with every other worker's verify."""
+    listing = engine.docker("buildx", "du", "--verbose", "--filter",
+                            "type=exec.cachemount").stdout
     return {line for line in listing.splitlines()
             if line.startswith("Description:") and "-verify-" in line}
 
@@ -70,33 +72,25 @@ def built(sample_manifest: Path, cache_dir: Path) -> dict[str, str]:
     return digests(cache_dir)
 
 
-def test_every_stage_rebuilt_from_scratch_is_byte_identical(
-        built: dict[str, str], sample_manifest: Path, cache_dir: Path) -> None:
+def test_every_stage_rebuilt_from_scratch_on_a_second_engine_is_byte_identical(
+        built: dict[str, str], sample_manifest: Path, cache_dir: Path, second_builder: str,
+        dockerd2: SecondDockerd) -> None:
+    """Built on the host engine, every stage rebuilt from scratch on the second one (through
+    --builder, its docker context): the same bytes. (A whole second build of the chain there
+    is this by induction: each stage is rebuilt from the very inputs the chain gives it.)"""
     assert set(built) == {"efa", "python", "nccl", "aws-ofi-nccl", "pytorch", "torchvision",
                           "boost", "sagemaker-training", "smddp"}
-    before = private_mounts()
+    before = private_mounts(dockerd2)
     code, document, stderr = verify("smddp", cache_dir, "--manifest", str(sample_manifest),
-                                    env=LAYOUTS)
+                                    "--builder", second_builder, env=LAYOUTS)
     assert code == 0, stderr[-3000:]
     # The pip and ccache mounts of its own the rebuild used are gone with it.
-    assert private_mounts() <= before
+    assert private_mounts(dockerd2) <= before
     verdicts = {v["stage"]: v for v in document["stages"]}
     assert set(verdicts) == set(built)
     for stage, verdict in verdicts.items():
         assert verdict["result"] == "same", verdict
         assert verdict["rebuilt"] == verdict["stored"] == built[stage]
-
-
-def test_a_second_engine_builds_the_same_bytes(built: dict[str, str], sample_manifest: Path,
-                                              second_builder: str, tmp_path: Path,
-                                              second_dockerd: SecondDockerd) -> None:
-    second_dockerd.docker("builder", "prune", "-af")
-    other = tmp_path / "cache"
-    result = invoke("build", "--target", "smddp", "--manifest", str(sample_manifest),
-                    "--no-test", "--progress", "plain", "--builder", second_builder,
-                    cache=other, env=LAYOUTS, timeout=1800)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert digests(other) == built
 
 
 def test_an_image_store_artifact_is_the_same_files(sample_manifest: Path,
@@ -152,18 +146,21 @@ def test_a_stage_that_is_never_the_same_is_caught(sample_manifest: Path, tmp_pat
     assert stderr.strip().splitlines()[-1].startswith("imageforge: verify --rebuild: clock")
 
 
-def test_an_image_alone_is_checked_against_its_pins(sample_manifest: Path,
-                                                    tmp_path: Path) -> None:
+def test_an_image_alone_is_checked_against_its_pins(sample_manifest: Path, tmp_path: Path,
+                                                    dockerd2: SecondDockerd) -> None:
     tag = f"imageforge-test/verify-image:{tmp_path.name[-8:].lower()}"
     cache = tmp_path / "cache"
     result = invoke("build", "--target", "efa-nccl", "--manifest", str(sample_manifest),
                     "--tag", tag, "--no-test", "--progress", "plain", cache=cache)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Handed to the verifier's engine (the second one) as an image alone.
+    move_image(tag, dockerd2)
     # From the image alone: a verifier's own cache directory, built from nothing.
-    before = private_mounts()
-    code, document, stderr = verify_image(tag, tmp_path / "verifier", sample_manifest)
+    before = private_mounts(dockerd2)
+    code, document, stderr = verify_image(tag, tmp_path / "verifier", sample_manifest,
+                                          engine=dockerd2)
     assert code == 0, stderr[-3000:]
-    assert private_mounts() <= before
+    assert private_mounts(dockerd2) <= before
     [verdict] = document["stages"]
     assert verdict["stage"] == "efa-nccl"
     assert verdict["result"] == "same files", verdict
@@ -173,11 +170,11 @@ def test_an_image_alone_is_checked_against_its_pins(sample_manifest: Path,
     tampered.mkdir()
     (tampered / "Dockerfile").write_text(
         f"FROM {tag}\nRUN echo 'export NCCL_ALGO=Ring' >> /etc/profile\n")
-    build = subprocess.run(["docker", "buildx", "build", "--load", "-t", f"{tag}-tampered",
-                            str(tampered)], capture_output=True, text=True, check=False)
+    build = dockerd2.docker("buildx", "build", "--load", "-t", f"{tag}-tampered",
+                            str(tampered), check=False)
     assert build.returncode == 0, build.stderr
     code, document, stderr = verify_image(f"{tag}-tampered", tmp_path / "verifier",
-                                          sample_manifest)
+                                          sample_manifest, engine=dockerd2)
     assert code == 13, stderr[-3000:]
     [verdict] = document["stages"]
     assert verdict["result"] == "differs"
@@ -185,15 +182,25 @@ def test_an_image_alone_is_checked_against_its_pins(sample_manifest: Path,
 
     # Pins this checkout does not have: say which revision to verify from.
     code, _, stderr = verify_image(tag, tmp_path / "verifier", sample_manifest,
-                                   "--set", "stages.efa.flags=-y,--skip-kmod")
+                                   "--set", "stages.efa.flags=-y,--skip-kmod", engine=dockerd2)
     assert code == 8, stderr[-3000:]
     assert "check out that revision" in stderr
 
 
-def verify_image(ref: str, cache: Path, manifest: Path, *args: str
+def move_image(ref: str, engine: SecondDockerd) -> None:
+    """`ref` from the host engine into `engine` (docker save | docker load)."""
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+    loaded = subprocess.run(["docker", "load"], stdin=save.stdout, capture_output=True,
+                            env={**os.environ, **engine.env}, check=False, timeout=600)
+    assert save.wait(timeout=600) == 0
+    assert loaded.returncode == 0, loaded.stderr
+
+
+def verify_image(ref: str, cache: Path, manifest: Path, *args: str, engine: SecondDockerd
                  ) -> tuple[int, dict[str, Any], str]:
     result = invoke("verify", "--rebuild", "--image", ref, "--manifest", str(manifest),
-                    "--json", "--progress", "plain", *args, cache=cache, timeout=1800)
+                    "--json", "--progress", "plain", *args, cache=cache, env=engine.env,
+                    timeout=1800)
     document = json.loads(result.stdout) if result.stdout.strip() else {}
     return result.returncode, document, result.stderr
 
