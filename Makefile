@@ -31,7 +31,9 @@ JOBS ?= auto
 XDIST = -n $(JOBS) --dist loadgroup --no-loadscope-reorder
 
 test: setup host-tools docker
-	$(BIN)/pytest -q $(XDIST) --durations=30 tests/unit tests/integration
+	$(BIN)/pytest -q $(XDIST) --durations=30 --junitxml=cache/reports/make-test.xml \
+		tests/unit tests/integration
+	$(BIN)/python scripts/test_durations.py cache/reports/make-test.xml --top 12
 
 unit: setup host-tools
 	$(BIN)/pytest -q $(XDIST) tests/unit

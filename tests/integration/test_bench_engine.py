@@ -5,7 +5,9 @@ leaves nothing behind (iptables rules, bridge, containerd namespaces)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -30,17 +32,23 @@ def test_pruning_the_bench_engine_leaves_the_hosts_cache(tmp_path: Path) -> None
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(f"FROM {sample_base()}\nRUN echo {marker} > /marker\n")
     host_build(dockerfile, context)
-    with Engine(tmp_path / "engine") as engine:
-        name = engine.name
-        engine.load([sample_base()])
-        # A build step on the engine's bridge reaches a name outside (DNS and NAT).
-        reach = tmp_path / "Reach.Dockerfile"
-        reach.write_text(f"FROM {sample_base()}\nRUN getent hosts pypi.org\n"
-                         f"RUN echo {marker} > /marker\n")
-        engine.docker("buildx", "build", "-f", str(reach), str(context))
-        assert engine.docker("buildx", "du").stdout.strip()
-        engine.docker("buildx", "prune", "--all", "--force")
-        assert re.search(r"Total:\s+0B", engine.docker("buildx", "du").stdout)
+    # A short root: dockerd's libnetwork socket under exec-root must fit the 107 bytes of a
+    # unix socket path, which an xdist worker's tmp_path (.../popen-gwN/test_.../) runs past.
+    root = Path(tempfile.mkdtemp(prefix="ifbe-", dir="/tmp"))
+    try:
+        with Engine(root / "engine") as engine:
+            name = engine.name
+            engine.load([sample_base()])
+            # A build step on the engine's bridge reaches a name outside (DNS and NAT).
+            reach = tmp_path / "Reach.Dockerfile"
+            reach.write_text(f"FROM {sample_base()}\nRUN getent hosts pypi.org\n"
+                             f"RUN echo {marker} > /marker\n")
+            engine.docker("buildx", "build", "-f", str(reach), str(context))
+            assert engine.docker("buildx", "du").stdout.strip()
+            engine.docker("buildx", "prune", "--all", "--force")
+            assert re.search(r"Total:\s+0B", engine.docker("buildx", "du").stdout)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     # The host's step is still cached.
     log = host_build(dockerfile, context)
     assert re.search(rf"#(\d+) \[2/2\] RUN echo {marker} > /marker\n#\1 CACHED", log), log
