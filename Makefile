@@ -28,7 +28,7 @@ host-tools:
 
 # Spread over JOBS workers (one per core by default); tests/conftest.py says what runs where.
 JOBS ?= auto
-XDIST = -n $(JOBS) --dist loadgroup --no-loadscope-reorder
+XDIST = -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 test: setup host-tools docker
 	$(BIN)/pytest -q $(XDIST) --durations=30 --junitxml=cache/reports/make-test.xml \

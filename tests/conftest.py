@@ -1,11 +1,14 @@
-"""How the suite is spread over pytest-xdist's workers (`make test` runs `-n 2 --dist
-loadgroup --no-loadscope-reorder`).
+"""How the suite is spread over pytest-xdist's workers (`make test` runs `-n auto --dist
+loadfile --no-loadscope-reorder`).
 
-Each module is one unit of work: its module-scoped fixtures (a build, a served upstream) are
-made once, on one worker. The modules that use the second Docker engine are one unit, so one
-worker starts that engine (about 1 GB of base image loaded into it) and its tests, which prune
-its build cache, never run beside each other. Units are handed out longest first, so the
-longest module starts at once and the small unit modules fill the gaps at the end.
+Each module is one unit of work, run whole on one worker: its module-scoped fixtures (a
+build, a served upstream) are made once. Session fixtures are per worker: a worker that runs
+a module needing the second Docker engine starts one of its own, so tests that stop it or
+prune its build cache never run beside another worker's. Modules are handed out longest
+first, so the longest starts at once and the small unit modules fill the gaps at the end.
+
+(loadfile, not loadgroup with marks: xdist 3.8 groups by rewriting a test's `_nodeid`,
+which pytest 9 no longer reads, so every test became a unit of its own.)
 """
 
 from __future__ import annotations
@@ -19,36 +22,19 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# Modules that start and stop the second engine, prune its build cache or compare its state.
-SECOND_ENGINE = frozenset({"test_cache", "test_ci_pipeline", "test_faults",
-                           "test_registry_faults", "test_verify_rebuild"})
-SECOND_ENGINE_GROUP = "second-engine"
-# Units measured longest (README, "Where the time goes"), handed out in this order; the
-# rest follow in collection order.
-LONGEST_FIRST = ("test_real_parts", SECOND_ENGINE_GROUP, "test_runlocal_job",
-                 "test_training_contract", "test_nightly_push", "test_checks",
-                 "test_sample_builds", "test_uptodate_build", "test_build")
+# Modules measured longest (README, "The test suite"), handed out in this order; the rest
+# follow in collection order.
+LONGEST_FIRST = ("test_real_parts", "test_verify_rebuild", "test_cache", "test_ci_pipeline",
+                 "test_faults", "test_build", "test_runlocal_job", "test_training_contract",
+                 "test_checks", "test_nightly_push", "test_sample_builds")
 
 
-def group_of(item: pytest.Item) -> str:
-    module = item.path.stem
-    if module in SECOND_ENGINE and "integration" in item.path.parts:
-        return SECOND_ENGINE_GROUP
-    return str(item.path.relative_to(ROOT))
+def rank(item: pytest.Item) -> int:
+    name = item.path.stem
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
-def rank(group: str) -> int:
-    for place, name in enumerate(LONGEST_FIRST):
-        if group == name or Path(group).stem == name:
-            return place
-    return len(LONGEST_FIRST)
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with its unit (xdist's loadgroup reads the mark after this hook) and
-    put the units longest first; without xdist the order is all this changes, and a stable
-    sort keeps each module's own order."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
-    items.sort(key=lambda item: rank(group_of(item)))
+    """Longest modules first; a stable sort keeps each module's tests together and in their
+    own order."""
+    items.sort(key=rank)
