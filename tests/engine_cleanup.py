@@ -28,6 +28,8 @@ UNTAGGED = "<none>:<none>"
 # Image names per `docker image rm`: well under any command-line limit.
 BATCH = 200
 LOCK = Path(os.environ.get("IMAGEFORGE_TEST_ENGINE_LOCK", "/tmp/imageforge-test-engine.lock"))
+# Only tags holding this text are removed (all test tags when unset).
+ONLY_ENV = "IMAGEFORGE_TEST_CLEANUP_ONLY"
 
 
 def image_table() -> set[tuple[str, str]]:
@@ -48,7 +50,11 @@ def left_behind(before: set[tuple[str, str]], after: set[tuple[str, str]]) -> li
     and the untagged images that appeared (`docker buildx build` without a tag loads one).
     Another name, or an image that was there before, is never touched."""
     new = after - before
-    tags = sorted(name for name, _ in new if TEST_IMAGES.match(name))
+    # A session that checks this clean-up (test_engine_cleanup's child) runs beside the
+    # suite's other workers on one engine: it names its own token, so it never removes the
+    # test images another worker made meanwhile and still uses.
+    only = os.environ.get(ONLY_ENV, "")
+    tags = sorted(name for name, _ in new if TEST_IMAGES.match(name) and only in name)
     untagged = sorted({ident for name, ident in new if name == UNTAGGED})
     return tags + untagged
 

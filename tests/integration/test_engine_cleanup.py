@@ -57,7 +57,11 @@ def child_session(where: Path, lock: Path) -> tuple[str, list[str]]:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
          str(where / "base"), str(session)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
-                       "IMAGEFORGE_TEST_ENGINE_LOCK": str(lock)},
+                       "IMAGEFORGE_TEST_ENGINE_LOCK": str(lock),
+                       # Its own tags only: the suite's other workers build on this engine
+                       # meanwhile, and a child ending "alone" under its own lock would
+                       # remove their test images (it once removed one a module still used).
+                       "IMAGEFORGE_TEST_CLEANUP_ONLY": token},
         capture_output=True, text=True, timeout=600, check=False)
     assert child.returncode == 0, child.stdout + child.stderr
     return token, (where / "ids").read_text().split()
