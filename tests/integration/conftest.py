@@ -85,6 +85,21 @@ def sample_manifest(tmp_path_factory: pytest.TempPathFactory, upstream: str) -> 
     return path
 
 
+@pytest.fixture
+def sample_manifest_copy(sample_manifest: Path, tmp_path: Path) -> Iterator[Path]:
+    """A copy of the shared sample manifest and its lock, since the nightly's `lock --upgrade`
+    rewrites the lock beside the manifest it is given."""
+    lock = sample_manifest.with_name("sample.lock.json")
+    shared = (sample_manifest.read_bytes(), lock.read_bytes())
+    copy = tmp_path / "manifest" / sample_manifest.name
+    copy.parent.mkdir()
+    shutil.copy(sample_manifest, copy)
+    shutil.copy(lock, copy.with_name(lock.name))
+    yield copy
+    # The session's manifest and lock, which other modules read, are as they were.
+    assert (sample_manifest.read_bytes(), lock.read_bytes()) == shared
+
+
 @pytest.fixture(scope="module")
 def cache_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An imageforge cache (sources, artifacts, reports, test records) of this module's own:

@@ -5,14 +5,11 @@ own, and a second run finds every image up to date."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import requests
 
 from bench.run import pin_changes
@@ -21,35 +18,20 @@ from tests.integration.conftest import invoke
 RUN = uuid.uuid4().hex[:8]
 
 
-@pytest.fixture
-def manifest(sample_manifest: Path, tmp_path: Path) -> Iterator[Path]:
-    """A copy of the shared sample manifest and its lock, since the nightly's `lock --upgrade`
-    rewrites the lock beside the manifest it is given."""
-    lock = sample_manifest.with_name("sample.lock.json")
-    shared = (sample_manifest.read_bytes(), lock.read_bytes())
-    copy = tmp_path / "manifest" / sample_manifest.name
-    copy.parent.mkdir()
-    shutil.copy(sample_manifest, copy)
-    shutil.copy(lock, copy.with_name(lock.name))
-    yield copy
-    # The session's manifest and lock, which other modules read, are as they were.
-    assert (sample_manifest.read_bytes(), lock.read_bytes()) == shared
-
-
 def test_a_matrix_nightly_builds_shared_stages_once_and_promotes_each_image(
-        manifest: Path, upstream: str, cache_dir: Path, tmp_path: Path) -> None:
+        sample_manifest_copy: Path, upstream: str, cache_dir: Path, tmp_path: Path) -> None:
     pins = requests.get(f"{upstream}/pins.json", timeout=10).json()
-    plugin = next(c for c in pin_changes(manifest, pins) if c.stage == "aws-ofi-nccl")
+    plugin = next(c for c in pin_changes(sample_manifest_copy, pins) if c.stage == "aws-ofi-nccl")
     repository = f"imageforge-test/matrix-nightly-{RUN}"
     matrix = tmp_path / "images.toml"
     matrix.write_text(f'''
 [[image]]
-manifest = "{manifest}"
+manifest = "{sample_manifest_copy}"
 target = "efa-nccl"
 tag = "{repository}:plugin-old"
 
 [[image]]
-manifest = "{manifest}"
+manifest = "{sample_manifest_copy}"
 target = "efa-nccl"
 tag = "{repository}:plugin-new"
 set = {json.dumps(list(plugin.overrides))}

@@ -9,7 +9,6 @@ import functools
 import gzip
 import json
 import secrets
-import shutil
 import threading
 import uuid
 import xml.etree.ElementTree as ET
@@ -17,7 +16,6 @@ from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import pytest
 import requests
 
 from tests.integration.conftest import REGISTRY_PASSWORD, REGISTRY_USER, invoke, registry_env
@@ -29,21 +27,6 @@ ACCEPT = ", ".join([
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 ])
-
-
-@pytest.fixture
-def manifest(sample_manifest: Path, tmp_path: Path) -> Iterator[Path]:
-    """A copy of the shared sample manifest and its lock, since the nightly's `lock --upgrade`
-    rewrites the lock beside the manifest it is given."""
-    lock = sample_manifest.with_name("sample.lock.json")
-    shared = (sample_manifest.read_bytes(), lock.read_bytes())
-    copy = tmp_path / "manifest" / sample_manifest.name
-    copy.parent.mkdir()
-    shutil.copy(sample_manifest, copy)
-    shutil.copy(lock, copy.with_name(lock.name))
-    yield copy
-    # The session's manifest and lock, which other modules read, are as they were.
-    assert (sample_manifest.read_bytes(), lock.read_bytes()) == shared
 
 
 def registry_blobs(registry: str, name: str, reference: str) -> dict[str, bytes]:
@@ -154,9 +137,9 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
 
 
 def test_nightly_builds_tests_pushes_promotes_then_is_up_to_date(
-        manifest: Path, registry: str, cache_dir: Path, tmp_path: Path) -> None:
+        sample_manifest_copy: Path, registry: str, cache_dir: Path, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    args = ["nightly", "--manifest", str(manifest), "--target", "efa-nccl", "--push",
+    args = ["nightly", "--manifest", str(sample_manifest_copy), "--target", "efa-nccl", "--push",
             "--repository", f"{registry}/golden-{RUN}", "--report", str(reports)]
     first = invoke(*args, cache=cache_dir, env=registry_env())
     assert first.returncode == 0, first.stdout + first.stderr
@@ -179,10 +162,10 @@ def test_nightly_builds_tests_pushes_promotes_then_is_up_to_date(
     assert [s["status"] for s in again["steps"] if s["name"] == "build"] == ["skipped"]
 
 
-def test_nightly_verifies_the_stages_verified_longest_ago(manifest: Path, cache_dir: Path,
-                                                         tmp_path: Path) -> None:
+def test_nightly_verifies_the_stages_verified_longest_ago(
+        sample_manifest_copy: Path, cache_dir: Path, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    args = ["nightly", "--manifest", str(manifest), "--target", "efa-nccl",
+    args = ["nightly", "--manifest", str(sample_manifest_copy), "--target", "efa-nccl",
             "--report", str(reports), "--verify", "2"]
     seen = []
     for _ in range(2):
