@@ -55,6 +55,13 @@ _TRANSIENT = (
     # on one engine, which imageforge's locks allow, are what leave such an edge behind.
     (re.compile(r"failed to get edge: inconsistent graph state"),
      "BuildKit's solver lost track of a step (\"inconsistent graph state\")"),
+    # With containerd's image store, builds at once on one containerd (two on one engine, or
+    # a second engine sharing the host's containerd) can lose a snapshot another build was
+    # still reading; BuildKit then ends with a bare "not found" that names nothing, and the
+    # same bake succeeds on its next attempt (moby/buildkit#6977, #6521). A missing file or
+    # image always names what is missing, so it never matches.
+    (re.compile(r"failed to solve: not found\s*$|snapshot \S+ does not exist: not found"),
+     "containerd lost a snapshot another build was using (\"not found\")"),
 )
 
 

@@ -1,10 +1,12 @@
 """A bake that failed only in a way BuildKit gets past on a second attempt runs again, with its
-half-written outputs removed first: containerd's blob-lock race (moby/buildkit#1491) and the
-solver's "inconsistent graph state" (moby/buildkit#2303). Any other failure is not retried.
+half-written outputs removed first: containerd's blob-lock race (moby/buildkit#1491), the
+solver's "inconsistent graph state" (moby/buildkit#2303) and containerd's lost snapshot (a bare
+"not found", moby/buildkit#6977). Any other failure is not retried.
 
-Neither can be started on demand (the race needs two exporters to write one blob within the
+None can be started on demand (the race needs two exporters to write one blob within the
 same few milliseconds; the solver's lost edge, a build merged with one that has ended, is a
-BuildKit bug its own maintainers have not reproduced), so `docker` here is a stand-in script
+BuildKit bug its own maintainers have not reproduced; the lost snapshot came once in a CI run
+of this suite, two xdist workers building at once), so `docker` here is a stand-in script
 on PATH that answers the way BuildKit did when it happened: the error lines below are copied
 from real failed runs (the second from a `make test` of this project)."""
 
@@ -26,6 +28,11 @@ LOCKED = ("ERROR: (*service).Write failed: rpc error: code = Unavailable desc = 
           "for {took} (since 2026-12-02 05:05:20.503234944 +0000 UTC m=+0.578305627): "
           "unavailable")
 LOST_EDGE = "ERROR: failed to solve: failed to get edge: inconsistent graph state"
+LOST_SNAPSHOT = "ERROR: failed to solve: not found"
+MISSING_FILE = ('ERROR: failed to solve: failed to compute cache key: failed to calculate '
+                'checksum of ref abc::def: "/groovy": not found')
+MISSING_IMAGE = ("ERROR: failed to solve: imageforge/base:nope: failed to resolve source "
+                 "metadata for docker.io/imageforge/base:nope: not found")
 STAGE_FAILED = ('ERROR: failed to solve: process "/bin/sh -c make" did not complete '
                 "successfully: exit code: 2")
 
@@ -40,6 +47,9 @@ def test_only_errors_another_attempt_gets_past_count_as_transient() -> None:
     assert transient(f"{LOST_EDGE}\n{STAGE_FAILED}") is None
     assert transient(STAGE_FAILED) is None
     assert transient("") is None
+    assert "not found" in (transient(f"#3 [internal] load metadata\n{LOST_SNAPSHOT}\n") or "")
+    assert transient(MISSING_FILE) is None
+    assert transient(MISSING_IMAGE) is None
     assert transient("ERROR: failed to push x: ref y locked for 1s: unauthorized") is None
 
 
