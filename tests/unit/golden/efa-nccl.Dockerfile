@@ -28,9 +28,8 @@ RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=im
     export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
     && cd /tmp/nccl \
     && make -j"$(nproc)" src.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
-    && make pkg.txz.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build \
-    && mkdir -p /out/usr/local \
-    && tar -xf /tmp/nccl-build/pkg/txz/nccl_*.txz -C /out/usr/local --strip-components=1 \
+    && make src.install PREFIX=/out/usr/local CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build >/dev/null \
+    && cp LICENSE.txt /out/usr/local/ \
     && rm -f /out/usr/local/lib/libnccl_static.a \
     && rm -rf /tmp/nccl-build
 

@@ -28,9 +28,8 @@ RUN --mount=type=bind,from=src-nccl,target=/tmp/nccl,rw --mount=type=cache,id=im
     export CCACHE_DIR=/root/.ccache PATH="/usr/lib/ccache:$PATH" \
     && cd /tmp/nccl \
     && make -j"$(nproc)" src.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build 'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80' \
-    && make pkg.txz.build CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build 'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80' \
-    && mkdir -p /out/opt/conda \
-    && tar -xf /tmp/nccl-build/pkg/txz/nccl_*.txz -C /out/opt/conda --strip-components=1 \
+    && make src.install PREFIX=/out/opt/conda CUDA_HOME=/usr/local/cuda BUILDDIR=/tmp/nccl-build 'NVCC_GENCODE=-gencode=arch=compute_70,code=sm_70 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80' >/dev/null \
+    && cp LICENSE.txt /out/opt/conda/ \
     && rm -f /out/opt/conda/lib/libnccl_static.a \
     && rm -rf /tmp/nccl-build
 
