@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= imageforge/base:bookworm
 
-.PHONY: setup docker host-tools test unit integration mutation demo demo-real bench bench-real lint clean
+.PHONY: setup docker host-tools test unit integration test-cold mutation demo demo-real bench bench-real lint clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,11 @@ test: setup host-tools docker
 	$(BIN)/pytest -q $(XDIST) --durations=30 --junitxml=cache/reports/make-test.xml \
 		tests/unit tests/integration
 	$(BIN)/python scripts/test_durations.py cache/reports/make-test.xml --top 12
+
+# `make test` as on a machine that has never built anything: a fresh clone run against a
+# Docker engine of its own with an empty data root (scripts/cold_test.py; needs root).
+test-cold: setup
+	$(BIN)/python scripts/cold_test.py $(if $(filter-out auto,$(JOBS)),JOBS=$(JOBS))
 
 unit: setup host-tools
 	$(BIN)/pytest -q $(XDIST) tests/unit
