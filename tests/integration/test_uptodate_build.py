@@ -23,6 +23,8 @@ from tests.integration.conftest import ROOT, docker_out
 
 TAG = f"imageforge-test/uptodate:{uuid.uuid4().hex[:8]}"
 IMAGEFORGE = str(Path(sys.executable).with_name("imageforge"))
+# What buildkit/bake.py warns when it runs a transiently failed bake again.
+RETRIED = "running the bake again"
 
 
 @pytest.fixture
@@ -73,6 +75,19 @@ def answered(result: subprocess.CompletedProcess[str], calls: Path) -> bool:
     return ran == ""
 
 
+def full_build(manifest: Path, cache: Path, env: dict[str, str], calls: Path
+               ) -> subprocess.CompletedProcess[str]:
+    """A build that must run docker and leave a record. A bake that BuildKit failed
+    transiently under load runs again with a warning (buildkit/bake.py), and a build that
+    warned records nothing, by design: then the next build is the first to record."""
+    result = imageforge(manifest, cache, env)
+    assert not answered(result, calls)
+    if RETRIED in result.stderr:
+        result = imageforge(manifest, cache, env)
+        assert not answered(result, calls)
+    return result
+
+
 def test_an_up_to_date_build_runs_no_docker_and_every_change_that_matters_does(
         sample_manifest: Path, tmp_path: Path, traced: tuple[dict[str, str], Path]) -> None:
     env, calls = traced
@@ -81,8 +96,7 @@ def test_an_up_to_date_build_runs_no_docker_and_every_change_that_matters_does(
     manifest.write_text(sample_manifest.read_text())
     shutil.copy(sample_manifest.with_suffix(".lock.json"), tmp_path / "sample.lock.json")
     try:
-        first = imageforge(manifest, cache, env)
-        assert not answered(first, calls)
+        full_build(manifest, cache, env, calls)
         reports = len(list((cache / "reports").glob("*.json")))
 
         again = imageforge(manifest, cache, env)
@@ -97,7 +111,7 @@ def test_an_up_to_date_build_runs_no_docker_and_every_change_that_matters_does(
 
         # A file the build read changed (same bytes, new mtime): the full build decides.
         os.utime(manifest)
-        assert not answered(imageforge(manifest, cache, env), calls)
+        full_build(manifest, cache, env, calls)
         assert set(states(cache).values()) == {"cached"}
         assert answered(imageforge(manifest, cache, env), calls)
 
@@ -121,7 +135,7 @@ def test_an_up_to_date_build_runs_no_docker_and_every_change_that_matters_does(
         assert "is gone from the image store" in rebuilt.stderr
         assert states(cache)["smddp"] == "built"
         # A build that warned records nothing (the next one must be able to warn again).
-        assert not answered(imageforge(manifest, cache, env), calls)
+        full_build(manifest, cache, env, calls)
         assert answered(imageforge(manifest, cache, env), calls)
         assert_cache_consistent(cache)
     finally:
