@@ -32,12 +32,13 @@ from stages import (
     sagemaker_training,
     smddp,
     torchvision,
+    training,
 )
 
 STAGES: Final[dict[str, Stage]] = {
     module.STAGE.name: module.STAGE
     for module in (base, python, efa, nccl, aws_ofi_nccl, nccl_tests, pytorch, torchvision,
-                   boost, sagemaker_training, smddp, code, efa_nccl)
+                   boost, sagemaker_training, smddp, code, efa_nccl, training)
 }
 
 

@@ -1,6 +1,8 @@
 """The nccl stage's lock pin: the NCCL that the pinned PyTorch commit builds against.
 
-Resolved when the lock is written, from PyTorch's commit alone (never from where PyTorch was
+For PyTorch from wheels it is the wheel's `Requires-Dist: nvidia-nccl-cuXX==V`
+(stages/ncclwheelpin.py). Otherwise it is resolved when the lock is written, from PyTorch's
+commit alone (never from where PyTorch was
 fetched): its `third_party/nccl` submodule, or the pin file of releases that pin NCCL per CUDA
 version (stages/ncclpin.py). With `[stages.nccl] version = "auto"` the nccl stage builds that
 version and exact commit; with an explicit version it is the evidence the NCCL-vs-PyTorch
@@ -20,6 +22,7 @@ from imageforge.planning.compat import image_cuda
 from imageforge.planning.plan import stage_inputs
 from imageforge.sources.download import redact
 from imageforge.sources.sources import GitSource
+from stages import ncclwheelpin
 from stages.ncclpin import pytorch_nccl_pin
 
 ENTRY = "nccl_pytorch_pin"
@@ -34,7 +37,16 @@ def _pytorch(manifest: Manifest, registry: Mapping[str, Stage]) -> tuple[Mapping
     return inputs, source
 
 
+def _wheel(manifest: Manifest, registry: Mapping[str, Stage]) -> Mapping[str, Any] | None:
+    """The pytorch stage's inputs when it installs wheels (stages/ncclwheelpin.py)."""
+    inputs = stage_inputs(manifest, registry["pytorch"], "pytorch")
+    return inputs if inputs["provider"] == "wheel" else None
+
+
 def origin(manifest: Manifest, registry: Mapping[str, Stage]) -> Mapping[str, Any] | None:
+    wheel = _wheel(manifest, registry)
+    if wheel is not None:
+        return ncclwheelpin.origin(manifest.image, wheel)
     inputs, source = _pytorch(manifest, registry)
     if not source.commit:
         return None
@@ -44,10 +56,13 @@ def origin(manifest: Manifest, registry: Mapping[str, Stage]) -> Mapping[str, An
 
 
 def resolve(manifest: Manifest, registry: Mapping[str, Stage], where: Upstream) -> Pin:
+    nccl_repo = str(manifest.stages["nccl"].get("repo", registry["nccl"].fields["repo"].default))
+    wheel = _wheel(manifest, registry)
+    if wheel is not None:
+        return ncclwheelpin.resolve(manifest.image, wheel, nccl_repo, where)
     _, pytorch = _pytorch(manifest, registry)
     assert pytorch.commit
     cuda = image_cuda(manifest)
-    nccl_repo = str(manifest.stages["nccl"]["repo"])
     pin = pytorch_nccl_pin(
         pytorch_repo=where.locate(pytorch.repo), pytorch_commit=pytorch.commit,
         pytorch_version=str(manifest.stages["pytorch"]["version"]), pytorch_ref=pytorch.ref,

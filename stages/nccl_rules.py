@@ -35,6 +35,8 @@ def nccl_pytorch_pin(manifest: Manifest, rule: PinRule, pin: Mapping[str, Any]
 def pin_origin(pin: Mapping[str, Any]) -> str:
     """Where PyTorch's NCCL pin was read, e.g. "submodule third_party/nccl/nccl at 1a2b3c4d5e6f"."""
     evidence = pin.get("evidence", {})
+    if evidence.get("method") == "wheel":
+        return f"{evidence.get('wheel')} requires {evidence.get('requires')}"
     if evidence.get("method") == "submodule":
         return f"submodule {evidence.get('path')} at {str(pin['commit'])[:12]}"
     return f"{evidence.get('path')}: {evidence.get('pin')}"

@@ -32,14 +32,18 @@ ptx_arch = "7.0"
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from imageforge.errors import ManifestError
 from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from imageforge.sources import piplock
 from imageforge.sources.sources import Source
+from stages import pytorch_wheel
 
 PYTHON = "/opt/conda/bin/python"
 PREFIX = "/opt/conda"
@@ -78,8 +82,41 @@ def arch_list(ctx: Context) -> str:
     return " ".join(f"{a}+PTX" if with_ptx[a] else a for a in ordered)
 
 
+def from_wheel(ctx: Context) -> bool:
+    return str(ctx.of("pytorch").get("provider", "source")) == "wheel"
+
+
+# Keys that mean something for one provider only: given with the other, they are a mistake.
+SOURCE_ONLY = ("repo", "ref", "commit", "submodules", "extra_cuda_arch", "ptx_arch",
+               "nvcc_flags", "max_jobs", "build_packages", "apt_packages",
+               "runtime_requirements")
+WHEEL_ONLY = ("variant", "index", "packages")
+
+
+def prepare(table: Mapping[str, Any], manifest: Path) -> Mapping[str, Any]:
+    """Refuse a key the table's provider does not use, rather than ignore it."""
+    provider = str(table.get("provider", "source"))
+    other, wrong = ("source", SOURCE_ONLY) if provider == "wheel" else ("wheel", WHEEL_ONLY)
+    for key in wrong:
+        # The table arrives with every default filled in: a key counts when it differs.
+        default = STAGE.fields[key].default
+        if isinstance(default, str):
+            default = default.replace("{version}", str(table.get("version")))
+        if table.get(key) not in (None, default):
+            raise ManifestError(f"{manifest}: stages.pytorch.{key} applies only to provider = "
+                                f"\"{other}\", and this table has provider = \"{provider}\"; "
+                                "remove the key or change the provider.")
+    return table
+
+
+def pip_requirements(ctx: Context) -> list[str]:
+    return pytorch_wheel.requirements(ctx) if from_wheel(ctx) else runtime_requirements(ctx)
+
+
 def sources(ctx: Context) -> Sequence[Source]:
     inputs = ctx.of("pytorch")
+    if from_wheel(ctx):
+        return []
     return [git_source("pytorch", inputs, submodules=bool(inputs["submodules"]))]
 
 
@@ -91,6 +128,8 @@ def install_packages(ctx: Context, packages: Sequence[str]) -> str:
 
 
 def recipe(ctx: Context) -> str:
+    if from_wheel(ctx):
+        return pytorch_wheel.recipe(ctx)
     inputs = ctx.of("pytorch")
     nccl = str(ctx.of("nccl")["prefix"])
     steps = [apt_install(inputs["apt_packages"])] if ctx.image["apt"] else []
@@ -155,6 +194,8 @@ print(paths[0], "reports NCCL", dotted(got))
 
 
 def checks(ctx: Context) -> Sequence[Check]:
+    if from_wheel(ctx):
+        return pytorch_wheel.checks(ctx)
     values = {"version": str(ctx.of("nccl")["version"]), "torch": ctx.of("pytorch")["version"]}
     names = [re.split(r"[\s<>=!~;\[(@]", r, maxsplit=1)[0] for r in runtime_requirements(ctx)]
     installed = ("import importlib.metadata as m\n"
@@ -182,6 +223,14 @@ STAGE = Stage(
     fields={
         **git_fields(repo="https://github.com/pytorch/pytorch.git", ref="v{version}",
                      what="PyTorch"),
+        "provider": Field(kind="name", default="source", choices=("source", "wheel"),
+                          help="source (compiled against the nccl stage) or wheel"),
+        "variant": Field(kind="name",
+                         help="the wheel's CUDA variant, e.g. cu130 (default: from image.cuda)"),
+        "index": Field(kind="url", default=pytorch_wheel.PYPI, keyed=False,
+                       help="the package index the wheels are locked from (provider = wheel)"),
+        "packages": Field(kind="packages", default=[],
+                          help="wheels installed with torch, e.g. torchvision (provider = wheel)"),
         "submodules": Field(kind="bool", default=True, help="fetch git submodules"),
         "extra_cuda_arch": Field(kind="arch_list", default=[], help="archs beyond cuda_arch"),
         "ptx_arch": Field(kind="arch", help="arch that also gets PTX"),
@@ -203,5 +252,6 @@ STAGE = Stage(
     # Its build dependencies take minutes to install before the compile even starts.
     layer_cache="max",
     checks=checks,
-    pip_requirements=runtime_requirements,
+    pip_requirements=pip_requirements,
+    prepare=prepare,
 )

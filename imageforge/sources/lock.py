@@ -413,7 +413,7 @@ def _settle_pip(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stage],
         wanted = piplock.requirements(registry[stage], context)
         if not wanted:
             continue
-        origin = piplock.origin(wanted, manifest.image)
+        origin = piplock.origin(wanted, manifest.image, context.of(stage).get("index"))
         pin = walk.pin((PIP, stage), origin, functools.partial(_resolve_pip, stage, origin))
         if pin is not None:
             values = stages.setdefault(stage, _defaults(registry[stage]))
@@ -528,7 +528,8 @@ class Upstream:
             ) -> dict[str, Any]:
         if old:
             return dict(old.pin)
-        index = (self.endpoints or upstream.Endpoints()).pypi.rstrip("/") + "/simple"
+        index = origin.get("index") or \
+            (self.endpoints or upstream.Endpoints()).pypi.rstrip("/") + "/simple"
         return {"packages": piplock.resolve(
             stage, origin["requirements"], python=origin["python"],
             platform=origin["platform"], index_url=index)}

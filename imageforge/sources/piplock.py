@@ -54,10 +54,18 @@ def requirements(stage: Stage, context: Context) -> list[str]:
     return list(stage.pip_requirements(context))
 
 
-def origin(wanted: Sequence[str], image: Inputs) -> dict[str, Any]:
-    """What a stage's set is resolved from: its requirements, the image's Python and platform."""
-    return {"requirements": list(wanted), "python": str(image["python"]),
-            "platform": str(image["platform"])}
+# The index a set is resolved on unless its stage names another (an `index` key).
+PYPI_SIMPLE = "https://pypi.org/simple"
+
+
+def origin(wanted: Sequence[str], image: Inputs, index: str | None = None) -> dict[str, Any]:
+    """What a stage's set is resolved from: its requirements, the image's Python and platform,
+    and its own index when it names one other than PyPI (a PyTorch-style per-variant one)."""
+    found = {"requirements": list(wanted), "python": str(image["python"]),
+             "platform": str(image["platform"])}
+    if index and index.rstrip("/") != PYPI_SIMPLE:
+        found["index"] = index.rstrip("/")
+    return found
 
 
 def resolve(stage: str, wanted: Sequence[str], *, python: str, platform: str,

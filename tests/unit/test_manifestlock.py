@@ -43,7 +43,7 @@ def test_one_command_reads_the_manifest_once_and_the_lock_file_once_plus_its_dig
     OPENED.clear()
     WATCHING[0] = True
     try:
-        with pytest.raises(UsageError, match="defines 2 images"):
+        with pytest.raises(UsageError, match="defines 3 images"):
             project.default_target(settings)
         planned = project.plan(settings, "smddp")
         project.waived(settings, planned.manifest)

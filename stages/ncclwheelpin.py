@@ -1,0 +1,82 @@
+"""The NCCL a PyTorch wheel pins, resolved to NCCL's release tag and exact commit.
+
+Each torch wheel requires exactly one `nvidia-nccl-cuXX==V`, and V depends on the CUDA variant
+as well as the release (torch 2.14.1: 2.30.7 for cu130, 2.29.3 for cu126), so the pin is read
+from the exact wheel the image installs: the torch wheel of that release, variant, Python and
+platform on the manifest's index. Its METADATA is read without downloading the wheel where the
+index allows (imageforge.sources.wheelmeta). NCCL's tag for V is `v{V}-1`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from imageforge.errors import SourceError
+from imageforge.model.lockpin import Pin, Upstream
+from imageforge.model.stage import Context
+from imageforge.sources import gitsource, wheelmeta
+from imageforge.sources.download import redact
+from stages import pytorch_wheel
+
+NCCL_WHEEL = re.compile(r"nvidia-nccl-cu(\d+)")
+
+
+def origin(image: Mapping[str, Any], pytorch: Mapping[str, Any]) -> dict[str, Any]:
+    """What the pin depends on: the exact torch wheel that would be picked."""
+    ctx = Context(image=image, stages={"pytorch": pytorch})
+    return {"provider": "wheel", "pytorch_version": str(pytorch["version"]),
+            "variant": pytorch_wheel.variant(ctx), "index": str(pytorch["index"]),
+            "python": str(image["python"]), "platform": str(image["platform"])}
+
+
+def resolve(image: Mapping[str, Any], pytorch: Mapping[str, Any], nccl_repo: str,
+            where: Upstream) -> Pin:
+    wanted = origin(image, pytorch)
+    index, version = wanted["index"].rstrip("/"), wanted["pytorch_version"]
+    wheels = wheelmeta.list_wheels(where.locate(index), "torch")
+    wheel = _pick(wheels, wanted)
+    metadata = wheelmeta.read_metadata(wheel)
+    environment = wheelmeta.marker_environment(wanted["python"], wanted["platform"])
+    found = wheelmeta.pinned(metadata, NCCL_WHEEL, environment=environment)
+    if found is None:
+        raise SourceError(f"stages.nccl.version = \"auto\": {wheel.filename} requires no "
+                          "nvidia-nccl-cuXX wheel, so it pins no NCCL; set stages.nccl.version "
+                          "to the NCCL to build.")
+    name, nccl = found
+    _check_variant(name, wanted["variant"], wheel.filename)
+    tag = f"v{nccl}-1"
+    try:
+        commit = gitsource.resolve_ref(where.locate(nccl_repo), tag)
+    except SourceError as exc:
+        raise SourceError(f"stages.nccl.version = \"auto\": torch {version} pins NCCL {nccl} "
+                          f"({name}), but stages.nccl.repo {redact(nccl_repo)} has no release "
+                          f"tag {tag} ({exc}); point stages.nccl.repo at NCCL's repository or "
+                          "set stages.nccl.version.") from None
+    return {"version": nccl, "commit": commit, "evidence": {
+        "method": "wheel", "wheel": wheel.filename, "wheel_sha256": wheel.sha256,
+        "requires": f"{name}=={nccl}", "index": redact(index), "tag": tag,
+        "nccl_repo": redact(nccl_repo)}}
+
+
+def _pick(wheels: list[wheelmeta.Wheel], wanted: Mapping[str, Any]) -> wheelmeta.Wheel:
+    """The variant's own wheel (`+cu130` on a PyTorch-style index), else the index's plain
+    wheel of that release (PyPI has one variant per release; its pin says which)."""
+    common = {"project": "torch", "version": wanted["pytorch_version"],
+              "python": wanted["python"], "platform": wanted["platform"]}
+    local = [w for w in wheels if "+" in w.filename.split("-")[1]]
+    if local and wanted["variant"]:
+        return wheelmeta.pick(wheels, local=wanted["variant"], **common)
+    return wheelmeta.pick(wheels, **common)
+
+
+def _check_variant(name: str, variant: str | None, filename: str) -> None:
+    """PyPI's plain wheel is built for one CUDA major: it must be the variant's."""
+    major = NCCL_WHEEL.fullmatch(name)
+    if variant is None or major is None:
+        return
+    if not variant.startswith(f"cu{major[1]}"):
+        raise SourceError(f"stages.pytorch.variant is {variant}, but {filename} is built for "
+                          f"CUDA {major[1]} (it requires {name}); use a per-variant index in "
+                          "stages.pytorch.index or the variant the wheel is built for.")

@@ -1,0 +1,119 @@
+"""pytorch with `provider = "wheel"`: PyTorch's own binary wheels, as teams install them today.
+
+The wheel closure (torch, what `packages` adds such as torchvision, and every nvidia-* wheel
+they require) is locked with sha256 hashes like any pip set (imageforge.sources.piplock),
+resolved on `index` (PyPI, or a PyTorch-style per-variant index such as
+https://download.pytorch.org/whl/cu130), and installed with --require-hashes.
+
+Which libnccl torch loads is decided by the wheel, not by LD_LIBRARY_PATH: libtorch's DT_RPATH
+and `torch/__init__.py`'s preload both name `site-packages/nvidia/nccl/lib/libnccl.so.2`
+(pytorch #138460). So with the nccl stage built from source, that one file becomes a symlink
+to the nccl stage's library: one libnccl on disk, the one the manifest chose, no LD_PRELOAD,
+and nvidia-nccl-cuXX stays installed so `pip check` is clean. The checks read the library
+`import torch` really mapped (/proc/self/maps, ncclGetVersion), because
+`torch.cuda.nccl.version()` only reports the headers torch was compiled with.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from imageforge.model.stage import EXPORT_ROOT, Check, Context
+from imageforge.planning.dockerfile import sh
+from imageforge.sources import piplock
+
+PREFIX = "/opt/conda"
+PYTHON = f"{PREFIX}/bin/python"
+PYPI = piplock.PYPI_SIMPLE
+# Where the wheel keeps its NCCL, relative to site-packages (nvidia-nccl-cu12/cu13).
+WHEEL_NCCL = "nvidia/nccl/lib/libnccl.so.2"
+CUDA = re.compile(r"(\d+)\.(\d+)")
+
+
+def site_packages(ctx: Context) -> str:
+    return f"{PREFIX}/lib/python{ctx.image['python']}/site-packages"
+
+
+def variant(ctx: Context) -> str | None:
+    """The wheel's CUDA variant, e.g. "cu130": the manifest's, else made from image.cuda."""
+    given = ctx.of("pytorch").get("variant")
+    if given:
+        return str(given)
+    found = CUDA.match(str(ctx.image.get("cuda") or ""))
+    return f"cu{found[1]}{found[2]}" if found else None
+
+
+def requirements(ctx: Context) -> list[str]:
+    """What the closure is resolved from: exactly this torch, and its companions."""
+    inputs = ctx.of("pytorch")
+    return [f"torch=={inputs['version']}", *inputs["packages"]]
+
+
+def nccl_from_source(ctx: Context) -> bool:
+    return str(ctx.of("nccl").get("provider", "source")) == "source"
+
+
+def recipe(ctx: Context) -> str:
+    site = f"{EXPORT_ROOT}{site_packages(ctx)}"
+    then: list[str] = []
+    if nccl_from_source(ctx):
+        lib = f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2"
+        # The wheel's file replaced by a link, not shadowed: nothing else on disk to load.
+        then = [sh("test", "-f", f"{site}/{WHEEL_NCCL}"),
+                sh("ln", "-sfn", lib, f"{site}/{WHEEL_NCCL}")]
+    # --ignore-installed: the venv sees the base's system packages, and what the base has
+    # must still be installed into /out, or the image would depend on the base's copy.
+    return "\n".join(piplock.install(
+        "pytorch", ctx.of("pytorch"), requirements(ctx), f"{PREFIX}/bin/pip",
+        f"--prefix={EXPORT_ROOT}{PREFIX}", "--ignore-installed", "--no-deps", then=then))
+
+
+LOADED = """\
+import ctypes, os, sys, torch
+want = tuple(int(x) for x in "{version}".split("."))
+expected = os.path.realpath("{expected}")
+def dotted(parts):
+    return ".".join(map(str, parts))
+fields = (line.split(None, 5) for line in open("/proc/self/maps"))
+paths = sorted({{f[5].strip() for f in fields
+                if len(f) == 6 and os.path.basename(f[5]).startswith("libnccl.so")}})
+assert len(paths) == 1, f"import torch mapped {{len(paths)}} libnccl files: {{paths}}"
+assert paths[0] == expected, (f"import torch loaded {{paths[0]}}, not {{expected}} "
+                              f"(the {source}'s library)")
+code = ctypes.c_int()
+assert ctypes.CDLL(paths[0]).ncclGetVersion(ctypes.byref(code)) == 0, "ncclGetVersion failed"
+got = (code.value // 10000, code.value // 100 % 100, code.value % 100)
+assert got == want, f"{{paths[0]}} reports NCCL {{dotted(got)}}, the pin is {version}"
+headers = torch.cuda.nccl.version()
+headers = tuple(headers[:3]) if isinstance(headers, tuple) else headers
+print(f"libnccl loaded: {{paths[0]}} NCCL {{dotted(got)}}")
+print(f"torch {{torch.__version__}} compiled against NCCL headers {{dotted(headers)}}")
+if tuple(headers[:2]) != want[:2]:
+    print(f"warning: torch's NCCL headers {{dotted(headers)}} and the loaded NCCL "
+          f"{{dotted(got)}} differ in major.minor", file=sys.stderr)
+"""
+
+
+def checks(ctx: Context) -> Sequence[Check]:
+    version = str(ctx.of("nccl")["version"])
+    site = site_packages(ctx)
+    if nccl_from_source(ctx):
+        expected, source = f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2", "nccl stage"
+    else:
+        expected, source = f"{site}/{WHEEL_NCCL}", "wheel"
+    torch = str(ctx.of("pytorch")["version"])
+    return [
+        Check(name=f"torch {torch} is installed from its wheel",
+              script=sh(PYTHON, "-c", "import importlib.metadata as m, sys; "
+                                      f"v = m.version('torch'); print('torch', v); "
+                                      f"sys.exit(v.split('+')[0] != {torch!r})")),
+        Check(name="pip check is clean", script=sh(PYTHON, "-m", "pip", "check")),
+        Check(name=f"import torch maps one libnccl, the {source}'s, at NCCL {version}",
+              script=sh(PYTHON, "-c", LOADED.format(version=version, expected=expected,
+                                                    source=source))),
+        Check(name="torch sees a GPU", needs="gpu",
+              script=sh(PYTHON, "-c", "import torch; assert torch.cuda.is_available(), "
+                                      "'torch.cuda.is_available() is False'; "
+                                      "print(torch.cuda.get_device_name(0))")),
+    ]

@@ -1,0 +1,114 @@
+"""PyTorch from its wheels, rendered from manifests/real-pytorch.toml and its lock (whose NCCL
+was resolved "auto" from the torch 2.14.1 wheel's own pin): the locked closure installed with
+hash checking, the wheel's libnccl replaced by the nccl stage's, no LD_PRELOAD anywhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imageforge.model.stage import Context
+from stages import pytorch_wheel
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "manifests" / "real-pytorch.toml"
+INVOKE = str(Path(sys.executable).with_name("invoke"))
+SITE = "/opt/conda/lib/python3.11/site-packages"
+
+
+def render(*sets: str) -> str:
+    args = [a for s in sets for a in ("--set", s)]
+    result = subprocess.run([INVOKE, "render", "--target", "training", "--manifest",
+                             str(MANIFEST), *args], cwd=ROOT, capture_output=True, text=True,
+                            check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> str:
+    return render()
+
+
+def test_the_lock_pins_nccl_from_the_wheel_and_every_wheel_by_hash() -> None:
+    lock = json.loads(MANIFEST.with_suffix(".lock.json").read_text())
+    text = json.dumps(lock)
+    assert '"requires": "nvidia-nccl-cu13==2.30.7"' in text
+    assert '"tag": "v2.30.7-1"' in text
+    pip = next(v for k, v in lock.items() if k == "pip" or k.endswith("pip"))
+    packages = {p["name"]: p for p in pip["pytorch"]["packages"]}
+    assert packages["torch"]["version"] == "2.14.1"
+    assert packages["nvidia-nccl-cu13"]["version"] == "2.30.7"
+    assert packages["torchvision"]["version"] == "0.29.1"
+    assert all(p["hashes"] and all(h.startswith("sha256:") for h in p["hashes"])
+               for p in packages.values())
+
+
+def test_the_closure_installs_with_hash_checking_and_the_wheels_nccl_is_replaced(
+        dockerfile: str) -> None:
+    assert "torch==2.14.1 \\\n    --hash=sha256:" in dockerfile
+    assert "--require-hashes" in dockerfile
+    link = f"ln -sfn /usr/local/lib/libnccl.so.2 /out{SITE}/nvidia/nccl/lib/libnccl.so.2"
+    assert link in dockerfile
+    assert "LD_PRELOAD" not in dockerfile
+    # No PyTorch source: nothing cloned, nothing compiled for torch.
+    assert "src-pytorch" not in dockerfile
+    assert "setup.py install" not in dockerfile
+
+
+def test_nccl_version_auto_became_the_wheels_pin(dockerfile: str) -> None:
+    assert "NCCL_VERSION=2.30.7" in dockerfile or 'NCCL_VERSION="2.30.7"' in dockerfile
+
+
+def test_the_variant_comes_from_image_cuda_unless_given() -> None:
+    image = {"cuda": "13.0", "python": "3.11"}
+    assert pytorch_wheel.variant(Context(image=image, stages={"pytorch": {}})) == "cu130"
+    given = Context(image=image, stages={"pytorch": {"variant": "cu132"}})
+    assert pytorch_wheel.variant(given) == "cu132"
+
+
+def test_the_checks_expect_the_nccl_stages_library_unless_nccl_comes_from_the_wheel() -> None:
+    image = {"cuda": "13.0", "python": "3.11"}
+    inputs = {"pytorch": {"version": "2.14.1", "provider": "wheel"},
+              "nccl": {"version": "2.30.7", "prefix": "/opt/nccl", "provider": "source"}}
+    checks = pytorch_wheel.checks(Context(image=image, stages=inputs))
+    names = [c.name for c in checks]
+    assert "import torch maps one libnccl, the nccl stage's, at NCCL 2.30.7" in names
+    assert "pip check is clean" in names
+    script = next(c.script for c in checks if "libnccl" in c.name)
+    assert "/opt/nccl/lib/libnccl.so.2" in script
+    wheel = Context(image=image, stages={**inputs, "nccl": {**inputs["nccl"],
+                                                            "provider": "wheel"}})
+    script = next(c.script for c in pytorch_wheel.checks(wheel) if "libnccl" in c.name)
+    assert f"{SITE}/nvidia/nccl/lib/libnccl.so.2" in script
+
+
+@pytest.mark.parametrize(("setting", "key", "provider"), [
+    ("stages.pytorch.max_jobs=2", "max_jobs", "wheel"),
+    ("stages.pytorch.repo=https://example.com/pytorch.git", "repo", "wheel"),
+    ("stages.pytorch.extra_cuda_arch=[\"8.0\"]", "extra_cuda_arch", "wheel"),
+])
+def test_a_source_only_key_with_wheels_is_refused_naming_it(setting: str, key: str,
+                                                            provider: str) -> None:
+    result = subprocess.run([INVOKE, "plan", "--target", "training", "--manifest", str(MANIFEST),
+                             "--set", setting], cwd=ROOT, capture_output=True, text=True,
+                            check=False, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"imageforge: {MANIFEST}: stages.pytorch.{key} applies only to "
+        f"provider = \"source\", and this table has provider = \"{provider}\"; remove the key or "
+        "change the provider."]
+
+
+def test_a_wheel_only_key_with_a_source_build_is_refused() -> None:
+    result = subprocess.run([INVOKE, "plan", "--target", "smddp", "--manifest",
+                             str(ROOT / "manifests" / "sample.toml"), "--set",
+                             "stages.pytorch.variant=cu113"], cwd=ROOT, capture_output=True,
+                            text=True, check=False, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "stages.pytorch.variant applies only to provider = \"wheel\"" in result.stderr
+    assert "Traceback" not in result.stderr
