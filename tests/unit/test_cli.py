@@ -158,7 +158,7 @@ def test_a_manifest_with_several_images_needs_a_target_and_lists_them(tmp_path: 
                    'version = "2.11.0"\n')
     result = invoke("plan", "--manifest", str(two))
     assert result.returncode == 1, result.stderr
-    assert "defines 2 images (smddp, efa-nccl); pass --target" in result.stderr
+    assert "defines 3 images (smddp, efa-nccl, training); pass --target" in result.stderr
     assert invoke("plan", "--manifest", str(two), "--target", "efa-nccl").returncode == 0
 
 
