@@ -13,15 +13,21 @@ from __future__ import annotations
 
 from imageforge.model.stage import Context, Stage
 from imageforge.planning.dockerfile import run
+from imageforge.sources import piplock
 from stages.nccl import remove_other_libnccl
+from stages.pytorch_wheel import PYTHON, site_packages
 
 
 def recipe(ctx: Context) -> str:
     # One NCCL in the image: the base's distro copy goes (the wheel's own file is already a
-    # link to the nccl stage's library, stages/pytorch_wheel.py). SageMaker's tooling looks
-    # for the CA bundle at the RHEL path, as in the seed.
+    # link to the nccl stage's library, stages/pytorch_wheel.py). One dist-info per package,
+    # the locked one, so `pip check` reads what is installed. SageMaker's tooling looks for the
+    # CA bundle at the RHEL path, as in the seed.
+    locked = [p for stage in ("pytorch", "sagemaker-training")
+              for p in ctx.of(stage).get(piplock.INPUT) or ()]
     return "\n".join([
         remove_other_libnccl(ctx),
+        piplock.drop_stale_dist_info(PYTHON, site_packages(ctx), locked),
         run("mkdir -p /etc/pki/tls/certs",
             "ln -sf /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt"),
     ])

@@ -20,6 +20,7 @@ re-resolved when they change or under `lock --upgrade`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -151,6 +152,34 @@ def install(stage: str, inputs: Inputs, wanted: Sequence[str], pip: str, *option
             sh(pip, "install", "--disable-pip-version-check", *checking, *options, "-r", path),
             *then, mounts=[CA_BUNDLE_MOUNT, PIP_CACHE_MOUNT]),
     ]
+
+
+# Run in an image: the locked set's dist-info of any other version goes. A set installed with
+# --prefix into /out and copied over a Python that already had some of its packages (the venv's
+# pip and setuptools) leaves two dist-info directories per such package, and importlib.metadata
+# (so `pip check`) may read the stale one. The files themselves are the locked version's.
+_STALE = """\
+import pathlib, re, shutil, sys
+locked = dict(line.split("==") for line in sys.argv[2:])
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+for info in sorted(pathlib.Path(sys.argv[1]).glob("*.dist-info")):
+    name, _, version = info.name[:-len(".dist-info")].partition("-")
+    if locked.get(norm(name), version) != version:
+        shutil.rmtree(info)
+        print("removed stale", info.name)
+"""
+
+
+def drop_stale_dist_info(python: str, site: str, packages: Sequence[Mapping[str, Any]]) -> str:
+    """A RUN line for an image stage: remove the dist-info of every version of a locked
+    package other than the locked one from `site`."""
+    pins = sorted({f"{_normalized(p['name'])}=={p['version']}" for p in packages})
+    # A heredoc: a RUN line cannot carry the script's newlines.
+    return f"RUN {sh(python, '-', site, *pins)} <<'EOF'\n{_STALE}EOF"
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def moves(before: Entry, after: Entry) -> str:

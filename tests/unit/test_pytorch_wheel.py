@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.model.stage import Context
+from imageforge.sources import piplock
 from stages import pytorch_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,3 +113,27 @@ def test_a_wheel_only_key_with_a_source_build_is_refused() -> None:
     assert result.returncode == 2, result.stderr
     assert "stages.pytorch.variant applies only to provider = \"wheel\"" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_stale_dist_info_of_locked_packages_goes_and_nothing_else(tmp_path: Path) -> None:
+    """What the real build found: the venv's setuptools 66.1.1 dist-info beside the locked
+    84.2.1 one made `pip check` fail. The image's step, run here as the image runs it."""
+    for info in ("setuptools-66.1.1", "setuptools-84.2.1", "pip-23.0.1", "pip-26.3",
+                 "typing_extensions-4.16.0", "Typing_Extensions-4.1.0", "other-1.0"):
+        (tmp_path / f"{info}.dist-info").mkdir()
+    locked = [{"name": "setuptools", "version": "84.2.1"}, {"name": "pip", "version": "26.3"},
+              {"name": "typing-extensions", "version": "4.16.0"}]
+    line = piplock.drop_stale_dist_info(sys.executable, str(tmp_path), locked)
+    command, _, rest = line.removeprefix("RUN ").partition(" <<'EOF'\n")
+    script = rest.removesuffix("EOF")
+    result = subprocess.run(f"{command} <<'EOF'\n{script}EOF\n", shell=True, check=True,
+                            capture_output=True, text=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "other-1.0.dist-info", "pip-26.3.dist-info", "setuptools-84.2.1.dist-info",
+        "typing_extensions-4.16.0.dist-info"]
+    assert "removed stale setuptools-66.1.1.dist-info" in result.stdout
+
+
+def test_the_training_image_drops_stale_dist_info(dockerfile: str) -> None:
+    assert "setuptools==84.2.1" in dockerfile
+    assert "removed stale" in dockerfile
