@@ -1,4 +1,8 @@
-"""pytorch: PyTorch built from source against the image's NCCL stage.
+"""pytorch: PyTorch built from source against the image's NCCL stage, or its wheels.
+
+With `provider = "wheel"` PyTorch's own binary wheels are installed instead, the whole closure
+locked by sha256, and the wheel's libnccl replaced by the nccl stage's (stages/pytorch_wheel.py);
+the rest of this text is about the source build (`provider = "source"`, the default).
 
 Seed 002 replaces `third_party/nccl/nccl` with its NCCL checkout; we build with
 `USE_SYSTEM_NCCL=1` and point NCCL_ROOT / NCCL_INCLUDE_DIR / NCCL_LIB_DIR at the nccl stage,
@@ -9,6 +13,9 @@ installs none of PyTorch's runtime requirements (the seed's image had them from 
 install), so the stage pip installs them, locked with hashes, into the exported tree too.
 
 # Parameters
+provider: "source" (default) or "wheel".
+variant, index, packages (wheel): the CUDA variant (default from image.cuda, e.g. cu130), the
+package index (PyPI, or a PyTorch-style per-variant index) and wheels installed with torch.
 version, repo, ref, commit: the git source (ref defaults to `v{version}`).
 submodules: fetch git submodules (the real repo needs them; the NCCL one is never used).
 extra_cuda_arch: archs beyond [image] cuda_arch (seed: ["3.7", "5.0"]).
@@ -107,6 +114,10 @@ def prepare(table: Mapping[str, Any], manifest: Path) -> Mapping[str, Any]:
                                 f"\"{other}\", and this table has provider = \"{provider}\"; "
                                 "remove the key or change the provider.")
     return table
+
+
+def wheel_index(ctx: Context) -> tuple[str, str] | None:
+    return (str(ctx.of("pytorch")["index"]), "torch") if from_wheel(ctx) else None
 
 
 def pip_requirements(ctx: Context) -> list[str]:
@@ -254,4 +265,5 @@ STAGE = Stage(
     checks=checks,
     pip_requirements=pip_requirements,
     prepare=prepare,
+    wheel_index=wheel_index,
 )

@@ -114,6 +114,9 @@ class Stage:
     # The PyPI project whose releases `lock --upgrade` reads, for a stage pip installs by
     # name (no URL or git ref to list).
     pypi_project: str | None = None
+    # For a stage that installs a project's wheels from an index chosen in its table (pytorch
+    # with provider = "wheel"): (index URL, project), whose releases `lock --upgrade` reads.
+    wheel_index: Callable[[Context], tuple[str, str] | None] = lambda _ctx: None
     # The pip requirements this stage installs, as written: `invoke lock` resolves them with
     # their dependencies to exact versions and hashes (imageforge.sources.piplock).
     pip_requirements: Callable[[Context], Sequence[str]] = lambda _ctx: ()

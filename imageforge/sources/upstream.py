@@ -26,6 +26,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import requests
 from packaging.specifiers import SpecifierSet
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from tenacity import (
     Retrying,
@@ -37,9 +38,9 @@ from tenacity import (
 
 from imageforge.errors import ManifestError, SourceError
 from imageforge.model.manifest import Manifest, template
-from imageforge.model.stage import Stage
+from imageforge.model.stage import Context, Stage
 from imageforge.model.validate import problem
-from imageforge.sources import gitsource
+from imageforge.sources import gitsource, wheelmeta
 from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy, redact
 
 GITHUB_API = "https://api.github.com"
@@ -151,11 +152,27 @@ def releases(manifest: Manifest, stage: Stage, endpoints: Endpoints) -> Listing:
     inputs = manifest.stages[stage.name]
     if stage.pypi_project:
         return pypi_releases(stage.pypi_project, endpoints)
+    values = {**{key: field.default for key, field in stage.fields.items()}, **inputs}
+    wheels = stage.wheel_index(Context(image=manifest.image, stages={stage.name: values}))
+    if wheels is not None:
+        return wheel_releases(*wheels, endpoints)
     # A stage with both source kinds lists the one the manifest uses.
     if "ref" in stage.fields and not inputs.get("url"):
         return git_releases(str(inputs["repo"]), str(template(manifest, stage, "ref")),
                             endpoints)
     return url_releases(str(template(manifest, stage, "url")), endpoints)
+
+
+def wheel_releases(index: str, project: str, endpoints: Endpoints) -> Listing:
+    """Releases of `project` that have wheels on a simple index (local labels such as +cu130
+    are variants of one release)."""
+    versions = []
+    for wheel in wheelmeta.list_wheels(endpoints.locate(index), project):
+        try:
+            versions.append(parse_wheel_filename(wheel.filename)[1].public)
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+    return _listing(f"{redact(index)} ({project})", versions)
 
 
 def git_releases(repo: str, ref_template: str, endpoints: Endpoints) -> Listing:

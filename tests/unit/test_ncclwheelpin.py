@@ -14,9 +14,12 @@ import pytest
 
 from imageforge.errors import SourceError
 from imageforge.model.lockpin import Upstream
-from stages import ncclwheelpin
+from imageforge.model.manifest import load
+from imageforge.sources import upstream
+from stages import STAGES, ncclwheelpin
 from tests.unit.test_wheelmeta import Index, build_wheel, serve
 
+ROOT = Path(__file__).resolve().parents[2]
 X86 = "cp311-cp311-manylinux_2_28_x86_64"
 PAYLOAD = os.urandom(300_000)
 IMAGE = {"python": "3.11", "platform": "linux/amd64", "cuda": "13.0"}
@@ -142,3 +145,14 @@ def test_an_index_that_does_not_answer_is_an_error(
     closed = Index(files={}, url="http://127.0.0.1:9/simple")
     with pytest.raises(SourceError, match=r"cannot read http://127\.0\.0\.1:9/simple/torch/"):
         resolve(closed, nccl_repo[0])
+
+
+def test_lock_upgrade_reads_torch_releases_from_the_wheel_index(pypi: Index) -> None:
+    """`lock --upgrade` with a policy proposes the newest torch release the index has wheels
+    for; the closure and the NCCL pin then follow from the new version."""
+    manifest = load(ROOT / "manifests" / "real-pytorch.toml",
+                    (f"stages.pytorch.index={pypi.url}", "stages.pytorch.version=2.12.0",
+                     "stages.pytorch.policy=>=2.12,<2.14"), registry=STAGES)
+    found = upstream.upgrades(manifest, STAGES, ["pytorch"], upstream.Endpoints())
+    assert [(u.stage, u.old, u.new) for u in found] == [("pytorch", "2.12.0", "2.13.0")]
+    assert pypi.url in found[0].source
