@@ -96,6 +96,28 @@ def _smddp_pytorch(manifest: Manifest, rule: Rule, _registry: Registry) -> list[
         f"is {torch['version']}.", wanted=wanted, pytorch=str(torch["version"]))]
 
 
+def last_pytorch(path: Path = DATA) -> Version:
+    """The newest PyTorch major.minor any SMDDP release was built for."""
+    return read(path, _last)
+
+
+def _last(raw: Mapping[str, Any]) -> Version:
+    return Version(str(raw["last_pytorch"]))
+
+
+def _smddp_no_pytorch_2_6(manifest: Manifest, rule: Rule, _registry: Registry
+                          ) -> list[Violation]:
+    torch = manifest.stages.get("pytorch")
+    if manifest.stages.get("smddp") is None or torch is None:
+        return []
+    version, last = numeric(torch["version"]), last_pytorch(rule.data)
+    if version is None or Version(f"{version.major}.{version.minor}") <= last:
+        return []
+    return [rule.violation(
+        "stages.smddp", f"SMDDP's last release is for PyTorch {last}, but stages.pytorch.version "
+        f"is {torch['version']}.", last=str(last))]
+
+
 def _smddp_cuda(manifest: Manifest, rule: Rule, _registry: Registry) -> list[Violation]:
     table = shipped(rule.data)
     smddp = manifest.stages.get("smddp")
@@ -135,4 +157,5 @@ RULES = (
     Rule(id="smddp-python", judge=_smddp_python, data=DATA),
     Rule(id="smddp-pytorch", judge=_smddp_pytorch, data=DATA),
     Rule(id="smddp-cuda", judge=_smddp_cuda, data=DATA),
+    Rule(id="smddp-no-pytorch-2-6", judge=_smddp_no_pytorch_2_6, data=DATA),
 )

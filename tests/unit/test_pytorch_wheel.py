@@ -137,3 +137,17 @@ def test_stale_dist_info_of_locked_packages_goes_and_nothing_else(tmp_path: Path
 def test_the_training_image_drops_stale_dist_info(dockerfile: str) -> None:
     assert "setuptools==84.2.1" in dockerfile
     assert "removed stale" in dockerfile
+
+
+def test_smddp_with_pytorch_2_6_or_newer_is_refused_with_its_source() -> None:
+    def check(version: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([INVOKE, "check", "--manifest",
+                               str(ROOT / "manifests" / "pt25-cu124.toml"), "--set",
+                               f"stages.pytorch.version={version}"], cwd=ROOT,
+                              capture_output=True, text=True, check=False, timeout=120)
+    refused = check("2.6.0")
+    assert refused.returncode == 3, refused.stderr
+    assert "[smddp-no-pytorch-2-6] stages.smddp: SMDDP's last release is for PyTorch 2.5, but " \
+           "stages.pytorch.version is 2.6.0." in refused.stdout + refused.stderr
+    assert "PR #4619" in refused.stdout + refused.stderr
+    assert "[smddp-no-pytorch-2-6]" not in (check("2.5.1").stdout + check("2.5.1").stderr)
