@@ -24,13 +24,6 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import requests
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_random_exponential,
-)
 
 from imageforge.errors import CompatibilityError, SourceError
 from imageforge.sources import gitsource
@@ -279,14 +272,7 @@ class _GitHubTree:
 
     def _get(self, path: str) -> Any:
         """The decoded JSON for `path` at the commit, or None when GitHub has no such path."""
-        retrying = Retrying(
-            stop=stop_after_attempt(self.policy.attempts)
-            | stop_before_delay(self.policy.max_seconds),
-            wait=wait_random_exponential(multiplier=self.policy.backoff_initial,
-                                         max=self.policy.backoff_max),
-            retry=retry_if_exception_type(_Transient),
-            reraise=True,
-        )
+        retrying = self.policy.retrying(_Transient)
         try:
             return retrying(self._attempt, path)
         except _Transient as exc:

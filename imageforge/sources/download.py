@@ -97,6 +97,18 @@ class RetryPolicy:
     backoff_max: float = 10.0
     retry_after_max: float = 60.0
 
+    def retrying(self, transient: type[BaseException],
+                 wait: Callable[[RetryCallState], float] | None = None) -> Retrying:
+        """A tenacity loop that retries `transient` within these bounds (exponential
+        backoff with jitter unless `wait` decides), re-raising the last failure."""
+        return Retrying(
+            stop=stop_after_attempt(self.attempts) | stop_before_delay(self.max_seconds),
+            wait=wait or wait_random_exponential(multiplier=self.backoff_initial,
+                                                 max=self.backoff_max),
+            retry=retry_if_exception_type(transient),
+            reraise=True,
+        )
+
 
 DEFAULT_POLICY = RetryPolicy()
 
@@ -312,12 +324,7 @@ def _fetch_http(
         url=url, sink=sink, timeout=timeout, deadline=time.monotonic() + policy.max_seconds,
         max_seconds=policy.max_seconds, on_progress=on_progress,
     )
-    retrying = Retrying(
-        stop=stop_after_attempt(policy.attempts) | stop_before_delay(policy.max_seconds),
-        wait=_wait(policy),
-        retry=retry_if_exception_type(_Transient),
-        reraise=True,
-    )
+    retrying = policy.retrying(_Transient, wait=_wait(policy))
     http = session or requests.Session()
     try:
         retrying(_attempt, http, transfer)

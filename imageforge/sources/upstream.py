@@ -28,13 +28,6 @@ import requests
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_random_exponential,
-)
 
 from imageforge.errors import ManifestError, SourceError
 from imageforge.model.manifest import Manifest, template
@@ -335,12 +328,7 @@ class _Transient(Exception):
 def _get(url: str, *, headers: Mapping[str, str], policy: RetryPolicy,
          what: str) -> requests.Response:
     """GET `url` with retries; `what` names it in errors (never a token or a rewritten URL)."""
-    retrying = Retrying(
-        stop=stop_after_attempt(policy.attempts) | stop_before_delay(policy.max_seconds),
-        wait=wait_random_exponential(multiplier=policy.backoff_initial, max=policy.backoff_max),
-        retry=retry_if_exception_type(_Transient),
-        reraise=True,
-    )
+    retrying = policy.retrying(_Transient)
     try:
         return retrying(_attempt, url, {"User-Agent": USER_AGENT, **headers}, what)
     except _Transient as exc:

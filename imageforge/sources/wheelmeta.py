@@ -29,13 +29,6 @@ from packaging import tags
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_random_exponential,
-)
 
 from imageforge.errors import ChecksumError, SourceError
 from imageforge.sources import cabundle
@@ -125,11 +118,7 @@ def _get(http: requests.Session, url: str, *, timeout: float, policy: RetryPolic
         except requests.RequestException as exc:
             raise _fail(url, type(exc).__name__) from None
 
-    retrying = Retrying(stop=stop_after_attempt(policy.attempts) |
-                        stop_before_delay(policy.max_seconds),
-                        wait=wait_random_exponential(multiplier=policy.backoff_initial,
-                                                     max=policy.backoff_max),
-                        retry=retry_if_exception_type(_Transient), reraise=True)
+    retrying = policy.retrying(_Transient)
     try:
         return retrying(attempt)
     except _Transient as exc:

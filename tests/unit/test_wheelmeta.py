@@ -15,7 +15,6 @@ import re
 import socket
 import ssl
 import struct
-import subprocess
 import threading
 import time
 import zipfile
@@ -458,18 +457,6 @@ def test_an_index_that_does_not_answer_is_an_error() -> None:
         wheelmeta.list_wheels(f"http://127.0.0.1:{port}/simple", "torch", policy=FAST)
     assert time.monotonic() - started < 5
 
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key, made by the openssl tool."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60)
-    return cert, key
 
 
 def test_the_ca_bundle_of_ssl_cert_file_is_trusted(certificate: tuple[Path, Path],
