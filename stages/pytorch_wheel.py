@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from imageforge.model.stage import EXPORT_ROOT, Check, Context
 from imageforge.planning.dockerfile import sh
@@ -69,30 +70,9 @@ def recipe(ctx: Context) -> str:
         f"--prefix={EXPORT_ROOT}{PREFIX}", "--ignore-installed", "--no-deps", then=then))
 
 
-LOADED = """\
-import ctypes, os, sys, torch
-want = tuple(int(x) for x in "{version}".split("."))
-expected = os.path.realpath("{expected}")
-def dotted(parts):
-    return ".".join(map(str, parts))
-fields = (line.split(None, 5) for line in open("/proc/self/maps"))
-paths = sorted({{f[5].strip() for f in fields
-                if len(f) == 6 and os.path.basename(f[5]).startswith("libnccl.so")}})
-assert len(paths) == 1, f"import torch mapped {{len(paths)}} libnccl files: {{paths}}"
-assert paths[0] == expected, (f"import torch loaded {{paths[0]}}, not {{expected}} "
-                              f"(the {source}'s library)")
-code = ctypes.c_int()
-assert ctypes.CDLL(paths[0]).ncclGetVersion(ctypes.byref(code)) == 0, "ncclGetVersion failed"
-got = (code.value // 10000, code.value // 100 % 100, code.value % 100)
-assert got == want, f"{{paths[0]}} reports NCCL {{dotted(got)}}, the pin is {version}"
-headers = torch.cuda.nccl.version()
-headers = tuple(headers[:3]) if isinstance(headers, tuple) else headers
-print(f"libnccl loaded: {{paths[0]}} NCCL {{dotted(got)}}")
-print(f"torch {{torch.__version__}} compiled against NCCL headers {{dotted(headers)}}")
-if tuple(headers[:2]) != want[:2]:
-    print(f"warning: torch's NCCL headers {{dotted(headers)}} and the loaded NCCL "
-          f"{{dotted(got)}} differ in major.minor", file=sys.stderr)
-"""
+# The check is a file of its own: GPU hosts run the same code on their torch
+# (scripts/torch_gpu_check.py).
+LOADED = Path(__file__).with_name("nccl_loaded.py").read_text()
 
 
 def checks(ctx: Context) -> Sequence[Check]:
@@ -110,8 +90,7 @@ def checks(ctx: Context) -> Sequence[Check]:
                                       f"sys.exit(v.split('+')[0] != {torch!r})")),
         Check(name="pip check is clean", script=sh(PYTHON, "-m", "pip", "check")),
         Check(name=f"import torch maps one libnccl, the {source}'s, at NCCL {version}",
-              script=sh(PYTHON, "-c", LOADED.format(version=version, expected=expected,
-                                                    source=source))),
+              script=sh(PYTHON, "-c", LOADED, version, expected, source)),
         Check(name="torch sees a GPU", needs="gpu",
               script=sh(PYTHON, "-c", "import torch; assert torch.cuda.is_available(), "
                                       "'torch.cuda.is_available() is False'; "

@@ -1,0 +1,78 @@
+"""Which libnccl a process really mapped: the pytorch wheel stage's check, and a library for
+the GPU host's torch run (scripts/torch_gpu_check.py), so both judge with the same code.
+
+    python nccl_loaded.py VERSION EXPECTED SOURCE
+
+imports torch, then requires exactly one libnccl in /proc/self/maps, at the real path of
+EXPECTED (SOURCE names who made it, for the message), whose ncclGetVersion is VERSION. It
+prints the loaded library and torch's compile-time NCCL headers, and warns when their
+major.minor differ: `torch.cuda.nccl.version()` reports the headers, never the library.
+Exit 0 when it holds, 1 with one sentence when not.
+
+Standard library only (and torch): it runs inside built images and on GPU hosts, with
+whatever Python they have and none of imageforge.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+
+def dotted(parts: tuple[int, ...]) -> str:
+    return ".".join(map(str, parts))
+
+
+def mapped_nccl(maps: str = "/proc/self/maps") -> list[str]:
+    """The libnccl files this process has mapped, by the path the loader opened."""
+    with open(maps) as lines:
+        fields = (line.split(None, 5) for line in lines)
+        return sorted({f[5].strip() for f in fields
+                       if len(f) == 6 and os.path.basename(f[5].strip()).startswith("libnccl.so")})
+
+
+def library_version(path: str) -> tuple[int, int, int]:
+    """ncclGetVersion of an already-mapped library: asks the library, not its headers."""
+    code = ctypes.c_int()
+    if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+        raise RuntimeError(f"ncclGetVersion failed in {path}")
+    return code.value // 10000, code.value // 100 % 100, code.value % 100
+
+
+def problem(version: str, expected: str, source: str) -> str | None:
+    """Why this process's NCCL is not the expected one, or None when it is."""
+    want = tuple(int(x) for x in version.split("."))
+    paths = mapped_nccl()
+    if len(paths) != 1:
+        return f"the process mapped {len(paths)} libnccl files: {paths}"
+    if paths[0] != os.path.realpath(expected):
+        return (f"the process loaded {paths[0]}, not {os.path.realpath(expected)} "
+                f"(the {source}'s library)")
+    got = library_version(paths[0])
+    if got != want:
+        return f"{paths[0]} reports NCCL {dotted(got)}, the pin is {version}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    version, expected, source = argv
+    # The check is about what importing torch maps.
+    import torch
+
+    found = problem(version, expected, source)
+    if found:
+        print(f"import torch: {found}", file=sys.stderr)
+        return 1
+    path = mapped_nccl()[0]
+    headers = tuple(torch.cuda.nccl.version())[:3]
+    print(f"libnccl loaded: {path} NCCL {dotted(library_version(path))}")
+    print(f"torch {torch.__version__} compiled against NCCL headers {dotted(headers)}")
+    if headers[:2] != library_version(path)[:2]:
+        print(f"warning: torch's NCCL headers {dotted(headers)} and the loaded NCCL "
+              f"{dotted(library_version(path))} differ in major.minor", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
