@@ -1,12 +1,18 @@
 """Seed 000's image built from real parts, cold on a fresh machine, as CI runs it.
 
-Real NCCL v2.30.7-1, nccl-tests v2.19.6 and aws-ofi-nccl v1.21.1 (full upstream history, served
+Real NCCL v2.28.9-1, nccl-tests v2.19.6 and aws-ofi-nccl v1.21.1 (full upstream history, served
 over git smart HTTP on 127.0.0.1), a real CUDA 13.0 toolchain (NVIDIA's wheels from PyPI, laid
 out by scripts/cuda-base.sh, with the distro NCCL such bases carry), Debian's real libfabric
 1.17, rdma-core and Open MPI 4.1 through the EFA installer stand-in (the real installer is an
 S3-only download: the one stand-in here). NCCL is built with ONLY_FUNCS="AllReduce Sum f32 * *"
 (NCCL's own developer switch, a keyed manifest key) so the cold build takes minutes; `make
 demo-real` builds the full library. Each recipe fix has an assertion here that fails without it.
+
+NCCL is manifests/real-efa-nccl.toml's with the version set to 2.28.9: the NCCL torch 2.11's
+cu130 wheel pins (manifests/real-torch211.toml, run on the H200 in docs/real-hardware.md).
+ONLY_FUNCS cuts 2.28's device kernels to a few, but not 2.30's symmetric-memory kernels, so
+2.30.7 compiled about three times as long here (its from-scratch rebuild set the suite's
+wall time); `make demo-real` keeps building 2.30.7, whole.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from tests.checksummary import checks_passed
 from tests.integration.conftest import ROOT, docker_out, invoke
 
 MANIFEST = ROOT / "manifests/real-efa-nccl.toml"
+NCCL = "2.28.9"
 PORT = "http://127.0.0.1:8742"
 ONLY_FUNCS = "stages.nccl.only_funcs=AllReduce Sum f32 * *"
 RUN = uuid.uuid4().hex[:8]
@@ -70,7 +77,9 @@ def real_manifest(tmp_path_factory: pytest.TempPathFactory, real_upstream: str,
                   cache_dir: Path) -> Path:
     subprocess.run([str(ROOT / "scripts/cuda-base.sh")], check=True, timeout=1800)
     path = tmp_path_factory.mktemp("real-manifest") / "real-efa-nccl.toml"
-    path.write_text(MANIFEST.read_text().replace(PORT, real_upstream))
+    text = re.sub(r'(\[stages\.nccl\]\nversion = )"[^"]+"', rf'\1"{NCCL}"', MANIFEST.read_text())
+    assert f'version = "{NCCL}"' in text, "the nccl pin of real-efa-nccl.toml moved"
+    path.write_text(text.replace(PORT, real_upstream))
     result = invoke("lock", "--manifest", str(path), cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     return path
@@ -139,7 +148,7 @@ def test_real_nvcc_writes_the_same_files_twice_only_with_the_recipe_flags(
 
 
 # The real sources and the tags the manifest's versions name.
-REAL_TAGS = {"nccl": "v2.30.7-1", "aws-ofi-nccl": "v1.21.1", "nccl-tests": "v2.19.6"}
+REAL_TAGS = {"nccl": f"v{NCCL}-1", "aws-ofi-nccl": "v1.21.1", "nccl-tests": "v2.19.6"}
 
 
 def tag_commit(upstream_root: Path, stage: str, tag: str) -> str:
@@ -158,9 +167,10 @@ def test_lock_resolves_real_release_tags(real_manifest: Path, upstream_root: Pat
         [source] = lock["stages"][stage].values()
         assert source["from"]["ref"] == tag, source
         assert source["commit"] == tag_commit(upstream_root, stage, tag), (stage, source)
-    # And the one commit known from upstream itself (git rev-parse v2.30.7-1 on GitHub).
+    # And the one commit known from upstream itself: NVIDIA/nccl's "NCCL 2.28.9-1" (v2.28.9-1
+    # is a lightweight tag on it).
     assert lock["stages"]["nccl"]["src-nccl"]["commit"] == \
-        "73cf112295c33aee2b895f329f592f2a9b4b0f97"
+        "dbc86fd06e8b0c4517b95d8958a09ccacf9520c9"
 
 
 def test_every_image_check_passes_with_a_versions_report(real_build: tuple[str, str]) -> None:
@@ -168,7 +178,7 @@ def test_every_image_check_passes_with_a_versions_report(real_build: tuple[str, 
     assert checks_passed(output), output[-4000:]
     rows = {line.split()[0]: line for line in output.splitlines()
             if re.match(r"^(nccl|aws-ofi-nccl|libfabric|Open|nvcc)\b", line)}
-    assert re.search(r"2\.30\.7\s+2\.30\.7\s+yes", rows["nccl"]), rows
+    assert re.search(r"2\.28\.9\s+2\.28\.9\s+yes", rows["nccl"]), rows
     assert re.search(r"1\.21\.1\s+1\.21\.1\s+yes", rows["aws-ofi-nccl"]), rows
     assert re.search(r"1\.17\s+1\.17\.\d+\s+yes", rows["libfabric"]), rows
     assert "4.1" in rows["Open"], rows
@@ -180,7 +190,7 @@ def test_every_image_check_passes_with_a_versions_report(real_build: tuple[str, 
 def test_exactly_one_libnccl_and_no_static_library(real_build: tuple[str, str]) -> None:
     tag, _ = real_build
     listing = run_in(tag, "ls /usr/local/lib /usr/lib/x86_64-linux-gnu | grep libnccl || true")
-    assert "libnccl.so.2.30.7" in listing
+    assert f"libnccl.so.{NCCL}" in listing
     # The CUDA base's distro NCCL (2.27.7) is gone, and so is the 108 MB static library.
     assert "2.27.7" not in listing
     assert "libnccl_static.a" not in listing
