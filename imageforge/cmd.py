@@ -61,13 +61,14 @@ def run(args: Sequence[str], *, timeout: float | None = 120, input: bytes | str 
 def popen(args: Sequence[str], *, env: Mapping[str, str] | None = None,
           stdout: int | IO[bytes] | None = subprocess.DEVNULL,
           stderr: int | IO[bytes] | None = subprocess.PIPE, own_session: bool = False,
-          error: ErrorType = FatalError, missing: str = "") -> subprocess.Popen[bytes]:
+          error: ErrorType = FatalError, missing: str = "",
+          stdin: int | IO[bytes] | None = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     """Start a command whose output the caller streams (BuildKit's progress, a container's
-    log)."""
+    log), or whose input is another's output (a tar stream)."""
     argv = list(args)
     echo(argv)
     try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr,
                                 env={**os.environ, **env} if env else None,
                                 start_new_session=own_session)
     except FileNotFoundError:

@@ -2,20 +2,22 @@
 
 ParallelCluster and Slurm hosts run NCCL, the plugin and nccl-tests outside containers. The
 export holds exactly what an image stage copies from each stage it gathers (a builder's /out
-tree, the efa stage's /opt/amazon), read from the artifact cache by BuildKit's local or tar
-exporter, plus imageforge-export.json naming each stage, its key and its inputs. The base image
-and image stages themselves contribute nothing: their files are the base's.
+tree, the efa stage's /opt/amazon), read from the artifact cache by BuildKit's tar exporter
+(unpacked by tar for a tree), plus imageforge-export.json naming each stage, its key and its
+inputs. The base image and image stages themselves contribute nothing: their files are the
+base's.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 from imageforge.cache.artifacts import ArtifactStore
-from imageforge.cmd import docker
+from imageforge.cmd import docker, docker_binary, popen
 from imageforge.errors import BuildError, CacheError, UsageError
 from imageforge.planning import project
 from imageforge.planning.plan import Plan, PlannedStage
@@ -43,10 +45,11 @@ def dockerfile(planned: Plan, stages: list[PlannedStage]) -> str:
 
 
 def output_spec(dest: Path, *, write_to: Path) -> str:
-    """A .tar `dest` gets BuildKit's tar exporter, anything else a plain tree; either is
-    written to `write_to` (renamed to `dest` once complete)."""
-    kind = "tar" if dest.suffix == ".tar" else "local"
-    return f"type={kind},dest={write_to}"
+    """BuildKit's tar exporter, into `write_to` for a .tar `dest` (renamed to `dest` once
+    complete), or to stdout for a tree, which tar unpacks: BuildKit's local exporter
+    deadlocks on trees of many files (moby/buildkit#2950; a torch image's export hung twice
+    at 146 MB and 1.1 GB of 5 GB, where the tar stream took 40 s)."""
+    return f"type=tar,dest={write_to if dest.suffix == '.tar' else '-'}"
 
 
 def check_destination(dest: Path) -> Path:
@@ -77,15 +80,41 @@ def export(settings: project.Settings, target: str, dest: Path) -> Path:
                 output_spec(dest, write_to=partial)]
         for name, context in contexts.items():
             args += ["--build-context", f"{name}={context}"]
-        result = docker(*args, tmp, timeout=EXPORT_TIMEOUT)
-        if result.returncode != 0:
+        if dest.suffix == ".tar":
+            result = docker(*args, tmp, timeout=EXPORT_TIMEOUT)
+            code, stderr = result.returncode, result.stderr
+        else:
+            code, stderr = _unpacked(args, tmp, partial)
+        if code != 0:
             _remove(partial)
-            tail = result.stderr.decode(errors="replace").strip().splitlines()[-5:]
+            tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
             raise BuildError(f"exporting {target} to {dest} failed: " + " / ".join(tail))
         if dest.is_dir():
             dest.rmdir()   # empty, checked above
         partial.rename(dest)
     return dest
+
+
+def _unpacked(args: list[str], context: str, tree: Path) -> tuple[int, bytes]:
+    """The bake's tar stream unpacked into `tree`: (the first non-zero exit, their stderr)."""
+    tree.mkdir()
+    with tempfile.TemporaryFile() as log:
+        build = popen([docker_binary(), *args, context], stdout=subprocess.PIPE, stderr=log)
+        unpack = popen(["tar", "-x", "-C", str(tree)], stdin=build.stdout, stderr=log,
+                       stdout=log)
+        assert build.stdout is not None
+        build.stdout.close()   # tar alone reads it: a tar that stops makes the build stop
+        try:
+            codes = (build.wait(timeout=EXPORT_TIMEOUT), unpack.wait(timeout=EXPORT_TIMEOUT))
+        except subprocess.TimeoutExpired:
+            build.kill()
+            unpack.kill()
+            build.wait()
+            unpack.wait()
+            codes = (124, 124)
+            log.write(f"no export within {EXPORT_TIMEOUT} s\n".encode())
+        log.seek(0)
+        return next((c for c in codes if c != 0), 0), log.read()
 
 
 def _contexts(store: ArtifactStore, planned: Plan, stages: list[PlannedStage]
