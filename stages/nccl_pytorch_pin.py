@@ -3,9 +3,9 @@
 For PyTorch from wheels it is the wheel's `Requires-Dist: nvidia-nccl-cuXX==V`
 (stages/ncclwheelpin.py). Otherwise it is resolved when the lock is written, from PyTorch's
 commit alone (never from where PyTorch was fetched): its `third_party/nccl` submodule, or the
-pin file of releases that pin NCCL per CUDA version (stages/ncclpin.py). With `[stages.nccl] version = "auto"` the nccl stage builds that
-version and exact commit; with an explicit version it is the evidence the NCCL-vs-PyTorch
-rule judges the manifest by.
+pin file of releases that pin NCCL per CUDA version (stages/ncclpin.py). With
+`[stages.nccl] version = "auto"` the nccl stage builds that version and exact commit; with an
+explicit version it is the evidence the NCCL-vs-PyTorch rule judges the manifest by.
 """
 
 from __future__ import annotations

@@ -75,13 +75,17 @@ def recipe(ctx: Context) -> str:
 LOADED = Path(__file__).with_name("nccl_loaded.py").read_text()
 
 
+def loaded_nccl(ctx: Context) -> str:
+    """The libnccl.so.2 `import torch` must load: the nccl stage's, or the wheel's own."""
+    if nccl_from_source(ctx):
+        return f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2"
+    return f"{site_packages(ctx)}/{WHEEL_NCCL}"
+
+
 def checks(ctx: Context) -> Sequence[Check]:
     version = str(ctx.of("nccl")["version"])
-    site = site_packages(ctx)
-    if nccl_from_source(ctx):
-        expected, source = f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2", "nccl stage"
-    else:
-        expected, source = f"{site}/{WHEEL_NCCL}", "wheel"
+    expected = loaded_nccl(ctx)
+    source = "nccl stage" if nccl_from_source(ctx) else "wheel"
     torch = str(ctx.of("pytorch")["version"])
     return [
         Check(name=f"torch {torch} is installed from its wheel",

@@ -11,11 +11,14 @@ NCCL and aws-ofi-nccl. Built FROM the efa stage; gathers the other stages' expor
 
 from __future__ import annotations
 
-from imageforge.model.stage import Context, Stage
-from imageforge.planning.dockerfile import run
+from collections.abc import Sequence
+
+from imageforge.image import smoke
+from imageforge.model.stage import Check, Context, Stage
+from imageforge.planning.dockerfile import run, sh
 from imageforge.sources import piplock
 from stages.nccl import remove_other_libnccl
-from stages.pytorch_wheel import PYTHON, site_packages
+from stages.pytorch_wheel import PYTHON, loaded_nccl, site_packages
 
 
 def recipe(ctx: Context) -> str:
@@ -33,6 +36,29 @@ def recipe(ctx: Context) -> str:
     ])
 
 
+def checks(ctx: Context) -> Sequence[Check]:
+    """torch, nccl-tests and the plugin meet in one libnccl: the one torch's own check
+    (stages/pytorch_wheel.py) requires."""
+    library = loaded_nccl(ctx)
+    perf = f"{ctx.of('nccl-tests')['prefix']}/bin/all_reduce_perf"
+    plugin = f"{ctx.of('aws-ofi-nccl')['prefix']}/lib/libnccl-net.so"
+    major, minor, patch = (int(x) for x in str(ctx.of("nccl")["version"]).split("."))
+    code = major * 10000 + minor * 100 + patch
+    beside_torch = ("import sys, ctypes, torch; ctypes.CDLL(sys.argv[1]); "
+                    "print('dlopen ok beside torch:', sys.argv[1])")
+    return [
+        Check(name="nccl-tests load the libnccl torch loads",
+              script=smoke.links_to(perf, library)),
+        Check(name="the plugin dlopens in a process that imported torch",
+              script=sh(PYTHON, "-c", beside_torch, plugin)),
+        # nccl-tests print the library's ncclGetVersion only once a GPU is initialised.
+        Check(name="nccl-tests' nccl-library is the pin", needs="gpu",
+              script=(f"set -o pipefail\n{sh(perf)} -b 8 -e 8 -g 1 | tee /tmp/perf.log\n"
+                      f"grep -q 'nccl-library={code}' /tmp/perf.log || "
+                      f"{{ echo 'nccl-tests report another NCCL than {code}'; exit 1; }}")),
+    ]
+
+
 STAGE = Stage(
     name="training",
     doc=__doc__ or "",
@@ -43,4 +69,5 @@ STAGE = Stage(
     tag_template="{name}:pt{pytorch}-cu{cuda_nodot}-py{python_nodot}-efa{efa}-{date}",
     fields={},
     recipe=recipe,
+    checks=checks,
 )
