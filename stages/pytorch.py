@@ -241,7 +241,9 @@ STAGE = Stage(
         "index": Field(kind="url", default=pytorch_wheel.PYPI, keyed=False,
                        help="the package index the wheels are locked from (provider = wheel)"),
         "packages": Field(kind="packages", default=[],
-                          help="wheels installed with torch, e.g. torchvision (provider = wheel)"),
+                          help="wheels installed with torch, e.g. torchvision (provider = wheel; "
+                               "torchvision and torchaudio must be the releases for this torch: "
+                               "rule torch-wheel-companions)"),
         "submodules": Field(kind="bool", default=True, help="fetch git submodules"),
         "extra_cuda_arch": Field(kind="arch_list", default=[], help="archs beyond cuda_arch"),
         "ptx_arch": Field(kind="arch", help="arch that also gets PTX"),

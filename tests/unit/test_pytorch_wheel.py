@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.model.manifest import load
 from imageforge.model.stage import Context
+from imageforge.planning import compat
 from imageforge.sources import piplock
-from stages import pytorch_wheel
+from stages import STAGES, pytorch_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "manifests" / "real-pytorch.toml"
@@ -151,3 +153,37 @@ def test_smddp_with_pytorch_2_6_or_newer_is_refused_with_its_source() -> None:
            "stages.pytorch.version is 2.6.0." in refused.stdout + refused.stderr
     assert "PR #4619" in refused.stdout + refused.stderr
     assert "[smddp-no-pytorch-2-6]" not in (check("2.5.1").stdout + check("2.5.1").stderr)
+
+
+@pytest.mark.parametrize(("manifest", "packages", "fix"), [
+    ("real-pytorch", "torchvision==0.29.1", None),
+    ("real-torch211", "torchvision==0.26.0,torchaudio==2.11.0", None),
+    # 0.29.1's wheel requires torch>=2.14.0, so pip would take it beside a later torch too.
+    ("real-pytorch", "torchvision==0.28.0",
+     "torchvision 0.28.0 is built for PyTorch 2.13; use torchvision 0.29.x with PyTorch 2.14"),
+    # torchaudio 2.11.0's wheel requires no torch at all; its last release is 2.11.
+    ("real-pytorch", "torchaudio==2.11.0",
+     "torchaudio 2.11.0 is made for PyTorch 2.11, and torchaudio has no release for PyTorch "
+     "2.14 (its last is 2.11); drop it"),
+    ("real-torch211", "torchaudio==2.10.0",
+     "torchaudio 2.10.0 is made for PyTorch 2.10; use torchaudio 2.11.x"),
+])
+def test_companion_wheels_are_paired_with_torch(manifest: str, packages: str,
+                                                fix: str | None) -> None:
+    loaded = load(ROOT / "manifests" / f"{manifest}.toml", [f"stages.pytorch.packages={packages}"],
+                  registry=STAGES)
+    found = [v for v in compat.check(loaded, registry=STAGES)
+             if v.rule == "torch-wheel-companions"]
+    if fix is None:
+        assert found == []
+        return
+    [violation] = found
+    assert violation.key == "stages.pytorch.packages"
+    assert violation.fix == fix
+    assert "(stages.pytorch.version)" in violation.message
+
+
+def test_companion_wheels_of_a_source_build_are_not_judged_by_the_wheel_rule() -> None:
+    loaded = load(ROOT / "manifests/smddp.toml", [], registry=STAGES)
+    assert [v for v in compat.check(loaded, registry=STAGES)
+            if v.rule == "torch-wheel-companions"] == []
