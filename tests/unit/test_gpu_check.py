@@ -61,3 +61,35 @@ def test_codes_of_ncclgetversion() -> None:
     module = gpu_check()
     assert module.dotted(23007) == "2.30.7"
     assert module.dotted(2708) == "2.7.8"
+
+
+TORCH_RECORD = ROOT / "docs/real-hardware/torch211/torch.json"
+
+
+def torch_gpu_check() -> ModuleType:
+    gpu_check()   # its sibling, imported by name as on a GPU host
+    spec = importlib.util.spec_from_file_location("torch_gpu_check",
+                                                  ROOT / "scripts/torch_gpu_check.py")
+    assert spec
+    assert spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_torch_run_reads_nccls_version_line_and_process_group_version() -> None:
+    """On the recorded H200 torch run: NCCL's own line and ProcessGroupNCCL's runtime version,
+    from each job's real output."""
+    module = torch_gpu_check()
+    record = json.loads(TORCH_RECORD.read_text())
+    for job in ("baseline", "trap", "arranged"):
+        output = record[job]["output"]
+        assert module.NCCL_LINE.findall(output) == ["2.28.9+cuda13.0"], job
+        assert module.PG_VERSION.findall(output) == ["2.28.9"], job
+    # The trap is the one job whose rank saw two libnccl; the arrangement mapped the built one.
+    [trap] = record["trap"]["ranks"]
+    assert trap["problem"].startswith("the process mapped 2 libnccl files")
+    [arranged] = record["arranged"]["ranks"]
+    assert arranged["problem"] is None
+    assert arranged["mapped"] == [record["arranged"]["built"].replace(
+        "libnccl.so.2", "libnccl.so.2.28.9")]
