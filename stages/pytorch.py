@@ -249,7 +249,7 @@ STAGE = Stage(
         "ptx_arch": Field(kind="arch", help="arch that also gets PTX"),
         "nvcc_flags": Field(kind="text", default="-Xfatbin -compress-all",
                             help="TORCH_NVCC_FLAGS"),
-        "max_jobs": Field(kind="int", help="MAX_JOBS for the compile"),
+        "max_jobs": Field(kind="jobs", help="MAX_JOBS for the compile"),
         "build_packages": Field(kind="packages", default=[], help="build requirements"),
         "runtime_requirements": Field(
             kind="packages",

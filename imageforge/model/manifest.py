@@ -34,11 +34,11 @@ IMAGE_FIELDS: dict[str, Field] = {
                            help="local image ID of an extended image no registry has (lock)"),
     "platform": Field(kind="text", default="linux/amd64",
                       choices=("linux/amd64", "linux/arm64"), help="target platform"),
-    "cuda": Field(kind="version", help="CUDA version of the base image, e.g. 11.3"),
+    "cuda": Field(kind="cuda", help="CUDA version of the base image, e.g. 11.3"),
     "cuda_home": Field(kind="path", default="/usr/local/cuda", help="CUDA toolkit root"),
     "cuda_arch": Field(kind="arch_list", required=True,
                        help="GPU archs: NVCC_GENCODE and TORCH_CUDA_ARCH_LIST come from it"),
-    "python": Field(kind="version", required=True, help="Python major.minor, e.g. 3.8"),
+    "python": Field(kind="python", required=True, help="Python major.minor, e.g. 3.8"),
     "apt": Field(kind="bool", default=True,
                  help="install stages' apt packages (false when the base image has them)"),
 }
@@ -265,10 +265,10 @@ def _parse_override_value(raw: str, field: Field, fail: Any) -> Any:
         if raw.lower() in ("true", "false"):
             return raw.lower() == "true"
         raise fail(f"expected {ALLOWED['bool']}.")
-    if field.kind == "int":
+    if field.kind in ("int", "jobs"):
         if raw.isdigit():
             return int(raw)
-        raise fail(f"expected {ALLOWED['int']}.")
+        raise fail(f"expected {ALLOWED[field.kind]}.")
     if field.kind in ("arch_list", "packages", "flags", "args", "names"):
         if raw.startswith("["):
             try:

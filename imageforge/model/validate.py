@@ -16,6 +16,7 @@ Kind = Literal[
     "version", "url", "repo", "ref", "sha256", "commit", "digest", "path", "image",
     "bool", "int", "arch", "arch_list", "packages", "flags", "args", "name", "text",
     "specifier", "fingerprint", "entry_point", "host_path", "file_name", "names",
+    "cuda", "python", "jobs",
 ]
 
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]{0,63}")
@@ -44,6 +45,10 @@ _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _ENTRY_POINT = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}")
 # A directory on the build host; it reaches BuildKit as a context path, never Dockerfile text.
 _HOST_PATH = re.compile(r"[A-Za-z0-9._/~+@][A-Za-z0-9._/~+@-]*")
+# The rules compare these numerically: a value they cannot read would skip them silently.
+_CUDA = re.compile(r"\d{1,2}\.\d{1,2}(\.\d{1,3})?")
+_PYTHON = re.compile(r"3\.\d{1,2}")
+MAX_JOBS = 4096
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*(/[A-Za-z0-9_][A-Za-z0-9._+-]*)*")
 
 ALLOWED: Final[dict[str, str]] = {
@@ -58,6 +63,9 @@ ALLOWED: Final[dict[str, str]] = {
     "image": "an image reference like 'nvidia/cuda:11.3.1-cudnn8-devel-ubuntu20.04'",
     "bool": "true or false",
     "int": "a whole number",
+    "jobs": f"a whole number of parallel jobs from 1 to {MAX_JOBS}",
+    "cuda": "a CUDA version like 12.4 or 11.3.1",
+    "python": "a Python major.minor like 3.11",
     "arch": "a CUDA compute capability like '8.0' (or '7.0+PTX')",
     "arch_list": "a list of CUDA compute capabilities like [\"7.0\", \"8.0\"]",
     "packages": "a list of package specs like [\"numpy\", \"mpi4py==3.0.3\"]",
@@ -126,6 +134,8 @@ _STRING_CHECKS: Final[dict[str, Callable[[str], bool]]] = {
     "entry_point": _full(_ENTRY_POINT),
     "host_path": _full(_HOST_PATH),
     "file_name": _full(_FILE_NAME),
+    "cuda": _full(_CUDA),
+    "python": _full(_PYTHON),
 }
 
 _LIST_ITEM: Final[dict[str, Callable[[str], bool]]] = {
@@ -144,6 +154,9 @@ def problem(kind: Kind, value: Any) -> str | None:
     if kind == "int":
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         return None if ok else f"expected {ALLOWED[kind]}"
+    if kind == "jobs":
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_JOBS
+        return None if ok else f"{value!r} is not allowed: expected {ALLOWED[kind]}"
     if kind in _LIST_ITEM:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return f"expected {ALLOWED[kind]}"

@@ -47,6 +47,16 @@ BAD_FILES = [
     (GOOD + "[extra]\nx = 1\n", "unknown top-level key"),
     (GOOD.replace("[image]", "[imgae]"), "did you mean 'image'?"),
     (GOOD + "[stages.pytorch]\nversion = '1.10.2'\nmax_jobs = 'many'\n", "expected a whole number"),
+    # The rules read these numerically; a value they cannot read used to skip them silently.
+    (GOOD.replace('python = "3.11"', 'python = "latest"'),
+     "image.python (line 4): 'latest' is not allowed: expected a Python major.minor like 3.11"),
+    (GOOD.replace("[image]\n", '[image]\ncuda = "eleven"\n'),
+     "image.cuda (line 2): 'eleven' is not allowed: expected a CUDA version like 12.4"),
+    (GOOD + "[stages.pytorch]\nversion = '1.10.2'\nmax_jobs = 0\n",
+     "stages.pytorch.max_jobs (line 10): 0 is not allowed: expected a whole number of parallel "
+     "jobs from 1 to 4096"),
+    (GOOD + "[stages.pytorch]\nversion = '1.10.2'\nmax_jobs = 100000000000000000000\n",
+     "stages.pytorch.max_jobs (line 10): 100000000000000000000 is not allowed"),
 ]
 
 
@@ -73,6 +83,11 @@ BAD_SETS = [
     ("nccl.version=1", "keys look like image.<key>, stages.<stage>.<key> or waive.<rule id>"),
     ("stages.nccl.version", "expected KEY=VALUE"),
     ("image.pyhton=3.8", "did you mean 'python'?"),
+    ("image.cuda=eleven", "'eleven' is not allowed: expected a CUDA version like 12.4"),
+    ("image.python=latest", "'latest' is not allowed: expected a Python major.minor like 3.11"),
+    ("stages.pytorch.max_jobs=0", "0 is not allowed: expected a whole number of parallel jobs"),
+    ("stages.pytorch.max_jobs=100000000000000000000",
+     "100000000000000000000 is not allowed: expected a whole number of parallel jobs"),
 ]
 
 
