@@ -40,6 +40,8 @@ CHANGED: dict[str, str] = {
     "fingerprint": "ABCD " * 10,
     "entry_point": "other_framework.training:main",
     "file_name": "other.py",
+    "cuda": "12.9",
+    "python": "3.12",
 }
 
 
@@ -49,7 +51,7 @@ def changed_value(field: Field, current: Any) -> str:
         return next(c for c in field.choices if c != current)
     if field.kind == "bool":
         return "false" if current else "true"
-    if field.kind == "int":
+    if field.kind in ("int", "jobs"):
         return str((current or 0) + 3)
     if field.kind in ("arch_list", "packages", "flags", "args", "names"):
         sample = {"arch_list": "6.1", "packages": "extra-pkg", "flags": "--extra",
