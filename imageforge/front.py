@@ -333,6 +333,9 @@ def render(config: Config, flags: Flags, target: str | None, fmt: str,
 
 def lock(config: Config, flags: Flags, *, upgrade: bool, stages: Sequence[str] | None,
          check: bool) -> list[str]:
+    if check and upgrade:
+        raise UsageError("lock --check and --upgrade contradict each other: --check changes "
+                         "nothing, --upgrade rewrites the lock; give one of them.")
     s = settings(config, flags)
     if check:
         return [f"{project.check_lock(s)}: up to date"]
@@ -479,6 +482,10 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
 
     progress = progress_mode(request.progress)
     code_flags(flags.code, flags.program)
+    if request.push and not request.tag:
+        # The default tag names no registry: a push would go to Docker Hub.
+        raise UsageError("build --push needs --tag REGISTRY/REPOSITORY:TAG: without it the "
+                         "image would be pushed to Docker Hub under its default name.")
     bundle = cabundle.resolve(pick(request.ca_bundle, config, "ca_bundle"))
     s = settings(config, flags, layer_cache=True)
     _, code_target = code_overrides(flags.code, flags.program, request.target, s.registry)

@@ -183,6 +183,8 @@ USAGE_ERRORS = [
     (["cache.prune"], "cache.prune needs --max-size and/or --older-than"),
     (["cache.push"], "cache.push needs --remote"),
     (["mirror.sync"], "mirror.sync needs --to DIR"),
+    (["build", "--target", "nccl", "--push"], "build --push needs --tag REGISTRY/REPOSITORY:TAG"),
+    (["lock", "--check", "--upgrade"], "lock --check and --upgrade contradict each other"),
     (["bench", "--repeats", "0", "--no-builds"], "--repeats 0: give a whole number"),
     (["plan", "--bogus"], "No idea what '--bogus' is"),  # invoke's own parser: also 1
 ]
