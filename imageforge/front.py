@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,6 +95,11 @@ def settings(config: Config, flags: Flags = Flags(), *,
     then the configured value, then the default. `layer_cache`: the command keeps BuildKit's
     layer cache (build), so imageforge.layer_cache applies when --layer-cache is not given."""
     manifest = Path(flags.manifest or config.get("manifest") or project.DEFAULT_MANIFEST)
+    if flags.mirror and "://" in flags.mirror and not re.match(r"(https?|file)://",
+                                                               flags.mirror):
+        # Anything else with a scheme would be read as a relative directory named "ftp:".
+        raise UsageError(f"--mirror {flags.mirror}: give a directory mirror.sync wrote, or an "
+                         "http(s):// or file:// URL serving one.")
     rewrites = parse_rewrites(config.table.get("rewrite"))
     registry = config.discover(stage_dirs(config.table.get("stage_dirs")))
     code, _ = code_overrides(flags.code, flags.program, None, registry)

@@ -185,6 +185,7 @@ USAGE_ERRORS = [
     (["mirror.sync"], "mirror.sync needs --to DIR"),
     (["build", "--target", "nccl", "--push"], "build --push needs --tag REGISTRY/REPOSITORY:TAG"),
     (["lock", "--check", "--upgrade"], "lock --check and --upgrade contradict each other"),
+    (["fetch", "--mirror", "ftp://mirror.example/x"], "--mirror ftp://mirror.example/x: give a"),
     (["bench", "--repeats", "0", "--no-builds"], "--repeats 0: give a whole number"),
     (["plan", "--bogus"], "No idea what '--bogus' is"),  # invoke's own parser: also 1
 ]
