@@ -16,6 +16,7 @@ never imports `stages`: the front end passes the registry in (`Config.discover`)
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -70,6 +71,29 @@ class Config:
     def get(self, key: str) -> Any:
         """A configured value; an empty one counts as not set (None)."""
         return self.table.get(key) or None
+
+    def __post_init__(self) -> None:
+        # invoke keeps unknown keys and ignores unknown INVOKE_* variables: a misspelt setting
+        # would otherwise be dropped without a word.
+        for key in self.table:
+            if key not in CONFIG_DEFAULTS:
+                raise UsageError(f"imageforge.{key} in the invoke config is not a setting"
+                                 f"{_closest(str(key), list(CONFIG_DEFAULTS))}; the settings are "
+                                 f"{', '.join(CONFIG_DEFAULTS)}.")
+        for name in self.environ:
+            key = name.removeprefix(ENV_PREFIX).lower()
+            if name.startswith(ENV_PREFIX) and key not in CONFIG_DEFAULTS:
+                known = [ENV_PREFIX + k.upper() for k in CONFIG_DEFAULTS]
+                raise UsageError(f"${name} is not a setting{_closest(name, known)}; unset it, or "
+                                 f"use one of {', '.join(known)}.")
+
+
+ENV_PREFIX = "INVOKE_IMAGEFORGE_"
+
+
+def _closest(word: str, choices: list[str]) -> str:
+    found = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {found[0]}?)" if found else ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -203,3 +203,27 @@ def test_usage_errors_exit_1_with_one_line_naming_the_flag(argv: list[str], mess
     assert "Traceback" not in result.stderr
     # The error is one line, the last (notes about the lock may come before it).
     assert message in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+@pytest.mark.parametrize("where", ["environment", "invoke.yaml"])
+def test_a_misspelt_setting_is_refused_naming_it(where: str, tmp_path: Path) -> None:
+    """invoke itself ignores an INVOKE_* variable or a config key it does not know: a typo
+    would silently build with the default cache directory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    extra: list[str] = []
+    if where == "environment":
+        env["INVOKE_IMAGEFORGE_CACHEDIR"] = str(tmp_path)
+        said = ("$INVOKE_IMAGEFORGE_CACHEDIR is not a setting (did you mean "
+                "INVOKE_IMAGEFORGE_CACHE_DIR?)")
+    else:
+        (tmp_path / "invoke.yaml").write_text(f"imageforge:\n  cachedir: {tmp_path}\n")
+        extra = ["-f", str(tmp_path / "invoke.yaml")]
+        said = "imageforge.cachedir in the invoke config is not a setting (did you mean cache_dir?)"
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *extra, "plan",
+                             "--target", "nccl", "--manifest", "manifests/sample.toml"],
+                            cwd=ROOT, capture_output=True, text=True, env=env, check=False,
+                            timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert said in result.stderr.strip().splitlines()[-1]
+    assert not any(tmp_path.glob("artifacts"))
