@@ -36,7 +36,7 @@ from imageforge.planning.compat import Registry, Violation
 
 Pins = Mapping[str, Mapping[str, Any]]
 HINT: Final = ('To accept a violation on purpose, name its rule id with the reason under '
-               '[waive] in the manifest, e.g. [waive] torchvision-pytorch = "why".')
+               '[waive] in the manifest, e.g. [waive] {rule} = "why".')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +95,8 @@ def enforce(manifest: Manifest, pins: Pins | None, *, registry: Registry) -> Ver
     refused, verdict = evaluate(manifest, pins, registry=registry)
     if refused:
         report = compat.format_violations(refused, manifest=manifest.path)
-        raise CompatibilityError(f"{report}\n{HINT}")
+        # The example names a rule that was broken, not one from elsewhere.
+        raise CompatibilityError(f"{report}\n{HINT.format(rule=refused[0].rule)}")
     return verdict
 
 

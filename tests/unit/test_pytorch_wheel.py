@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.errors import CompatibilityError
 from imageforge.model.manifest import load
 from imageforge.model.stage import Context
-from imageforge.planning import compat
+from imageforge.planning import compat, rules
 from imageforge.sources import piplock
 from stages import STAGES, pytorch_wheel
 
@@ -187,3 +188,12 @@ def test_companion_wheels_of_a_source_build_are_not_judged_by_the_wheel_rule() -
     loaded = load(ROOT / "manifests/smddp.toml", [], registry=STAGES)
     assert [v for v in compat.check(loaded, registry=STAGES)
             if v.rule == "torch-wheel-companions"] == []
+
+
+def test_the_waiver_example_names_the_rule_that_was_broken() -> None:
+    loaded = load(ROOT / "manifests/real-pytorch.toml",
+                  ["stages.pytorch.packages=torchvision==0.28.0"], registry=STAGES)
+    with pytest.raises(CompatibilityError) as refused:
+        rules.enforce(loaded, None, registry=STAGES)
+    assert str(refused.value).splitlines()[-1].endswith(
+        'e.g. [waive] torch-wheel-companions = "why".')
