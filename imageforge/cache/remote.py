@@ -23,7 +23,7 @@ from imageforge import log
 from imageforge.cache import verified
 from imageforge.cache.artifacts import key_hex
 from imageforge.cmd import docker_binary, run
-from imageforge.errors import CacheError
+from imageforge.errors import CacheError, UsageError
 
 _REPOSITORY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+")
 # How long `docker buildx imagetools inspect` may take before the registry counts as down.
@@ -115,8 +115,10 @@ class Remote:
 
 
 def check_repository(repository: str) -> str:
+    # A value given wrong (--remote or imageforge.remote) is a usage error, exit 1; exit 9 is
+    # for a cache that fails.
     if not _REPOSITORY.fullmatch(repository):
-        raise CacheError(f"remote cache {repository!r} is not a registry repository like "
+        raise UsageError(f"remote cache {repository!r} is not a registry repository like "
                          "'registry.example.com:5000/imageforge-cache'.")
     return repository
 

@@ -189,7 +189,7 @@ def test_a_job_refuses_a_key_other_than_the_one_it_was_generated_for(tmp_path: P
 @pytest.mark.parametrize(("args", "code", "says"), [
     (("--format", "github"), 1, "ci.generate needs --remote REPOSITORY (or imageforge.remote)"),
     (("--format", "jenkins", "--remote", REMOTE), 1, "--format jenkins: use github or gitlab."),
-    (("--remote", "not a repo"), 9, "remote cache 'not a repo' is not a registry repository"),
+    (("--remote", "not a repo"), 1, "remote cache 'not a repo' is not a registry repository"),
     (("--remote", REMOTE, "--file", "examples/images.toml", "--target", "smddp"), 1,
      "--manifest, --set and --target go in its [[image]] tables"),
 ])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.cache import remote, verified
-from imageforge.errors import CacheError, NotReproducibleError
+from imageforge.errors import CacheError, NotReproducibleError, UsageError
 
 KEY = "sha256:" + "ab" * 32
 
@@ -47,7 +47,7 @@ def test_check_repository_accepts_registry_repositories(repository: str) -> None
     "imageforge-cache", "Registry.example.com/x", "reg.io/", "http://reg.io/x",
     "reg.io:port/x", "reg.io/x y"])
 def test_check_repository_refuses_anything_else_with_an_example(repository: str) -> None:
-    with pytest.raises(CacheError) as info:
+    with pytest.raises(UsageError) as info:
         remote.check_repository(repository)
     assert str(info.value) == (f"remote cache {repository!r} is not a registry repository like "
                                "'registry.example.com:5000/imageforge-cache'.")
@@ -64,7 +64,7 @@ def test_session_without_a_repository_is_none_and_checks_a_given_one() -> None:
         assert nothing is None
     with remote.session("") as nothing:
         assert nothing is None
-    with pytest.raises(CacheError), remote.session("not a repo"):
+    with pytest.raises(UsageError), remote.session("not a repo"):
         pass
     with remote.session("reg.io:5000/cache", {}) as r:
         assert r == remote.Remote(repository="reg.io:5000/cache", env={})
