@@ -238,6 +238,25 @@ def write_output(flag: str, path: str, text: str, *, append: bool = False) -> No
                          "in an existing, writable directory.") from None
 
 
+def output_file(flag: str, path: str | None) -> Path | None:
+    """The report file a flag names, refused before any work when it could not be written:
+    a directory, a missing directory, or one this user cannot write to."""
+    if not path:
+        return None
+    target = Path(path).resolve()
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file path.")
+    if not target.parent.is_dir():
+        raise UsageError(f"{flag} {path}: its directory {target.parent} does not exist; create "
+                         "it or give another path.")
+    writable = os.access(target, os.W_OK) if target.exists() else \
+        os.access(target.parent, os.W_OK | os.X_OK)
+    if not writable:
+        raise UsageError(f"{flag} {path}: cannot write it (permission denied); give a file in a "
+                         "directory you can write to.")
+    return Path(path)
+
+
 def _stdout_or_file(flag: str, path: str | None, text: str) -> str:
     """`text` written to the file `flag` names; what is left for standard output."""
     if path:
@@ -596,10 +615,10 @@ def test_image(config: Config, flags: Flags, request: CheckRequest) -> Iterator[
     if request.target is not None and not project.is_image(s, request.target):
         raise UsageError(f"--target {request.target} is not an image; test-image checks image "
                          f"targets: {', '.join(project.image_targets(s))}.")
+    json_path = output_file("--json", request.json_file)
+    junit_path = output_file("--junit", request.junit_file)
     target = _target(s, request.target)
     planned = project.plan(s, target)
-    json_path = Path(request.json_file) if request.json_file else None
-    junit_path = Path(request.junit_file) if request.junit_file else None
     if request.report_dir:
         json_path = json_path or Path(request.report_dir) / f"test-image-{target}.json"
         junit_path = junit_path or Path(request.report_dir) / f"test-image-{target}.xml"

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge import log
+from imageforge import jsonfile, log
 from imageforge.buildkit import bake, cachemounts, dryrun
 from imageforge.buildkit.bake import absolute_if_local
 from imageforge.buildkit.docker import ensure_ready, local_image
@@ -381,6 +381,4 @@ def _save_last_build(settings: project.Settings, planned: Plan, building: list[s
         record = {"key": stage.key, "inputs": dict(stage.inputs),
                   "deps": {d: planned.stage(d).key for d in stage.deps},
                   "recipe": stage.recipe}
-        tmp = last / f".{name}.json.tmp"
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-        tmp.replace(last / f"{name}.json")
+        jsonfile.write_text(last / f"{name}.json", json.dumps(record, indent=2, sort_keys=True))

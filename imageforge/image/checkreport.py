@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from imageforge import jsonfile
 from imageforge.image.checks import NEEDS_HARDWARE, CheckResult, CheckRun
 from imageforge.image.smoke import VERSION_MARK
 
@@ -167,7 +168,4 @@ def passed_record(cache_dir: Path, digest: str) -> dict[str, Any] | None:
 
 
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    jsonfile.write_text(path, text)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from imageforge import log
+from imageforge import jsonfile, log
 from imageforge.buildkit import verify
 from imageforge.buildkit.build import build
 from imageforge.buildkit.results import BuildOptions
@@ -294,10 +294,7 @@ def _state_path(settings: project.Settings, name: str, channel: str) -> Path:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    jsonfile.write_json(path, data)
 
 
 # ---- reports ----------------------------------------------------------------------------

@@ -342,7 +342,7 @@ def test_build_skips_checks_with_no_test_push_or_a_builder_target(
     checked = built(monkeypatch, sample_run(failing=True))
     context = invoke_context(tmp_path)
     tasks.build(context, target="smddp", test=False)
-    tasks.build(context, target="smddp", push=True)
+    tasks.build(context, target="smddp", push=True, tag="registry.example.com/smddp:1")
     tasks.build(context, target="nccl")
     assert checked == []
     built(monkeypatch, sample_run(failing=False))

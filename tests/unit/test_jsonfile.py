@@ -1,0 +1,73 @@
+"""imageforge.jsonfile.write_text, the one writer of reports and records: whole files through
+a temporary file of the writer's own, and never a rename over what is not a plain file (a
+device, a FIFO, a symlink), checked on real ones."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from imageforge import jsonfile
+
+
+def test_a_new_file_is_written_whole_and_nothing_else_is_left(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "report.json"
+    jsonfile.write_json(path, {"passed": True})
+    assert path.read_text() == '{\n  "passed": true\n}\n'
+    assert [p.name for p in path.parent.iterdir()] == ["report.json"]
+
+
+def test_a_symlink_stays_a_link_and_its_target_gets_the_text(tmp_path: Path) -> None:
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    jsonfile.write_text(link, "new")
+    assert link.is_symlink()
+    assert target.read_text() == "new"
+
+
+def test_a_fifo_is_written_in_place_not_replaced(tmp_path: Path) -> None:
+    """A shell's >(jq .) is a FIFO: renaming over it would leave a plain file and the reader
+    waiting forever."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    jsonfile.write_text(fifo, "through the pipe")
+    reader.join(timeout=10)
+    assert got == ["through the pipe"]
+    assert fifo.is_fifo()
+
+
+def test_a_device_is_written_in_place_not_replaced() -> None:
+    jsonfile.write_text(Path("/dev/null"), "discarded")
+    assert Path("/dev/null").is_char_device()
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError):
+        jsonfile.write_text(tmp_path, "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_writers_at_once_each_leave_a_whole_file(tmp_path: Path) -> None:
+    """The old fixed PATH.tmp name let one writer rename the other's half-written file."""
+    path = tmp_path / "record.json"
+    texts = {name: name * 200_000 for name in ("a", "b")}
+
+    def write(name: str) -> None:
+        for _ in range(30):
+            jsonfile.write_text(path, texts[name])
+
+    threads = [threading.Thread(target=write, args=(name,)) for name in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert path.read_text() in texts.values()
+    assert [p.name for p in tmp_path.iterdir()] == ["record.json"]
