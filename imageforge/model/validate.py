@@ -46,8 +46,8 @@ _ENTRY_POINT = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}")
 # A directory on the build host; it reaches BuildKit as a context path, never Dockerfile text.
 _HOST_PATH = re.compile(r"[A-Za-z0-9._/~+@][A-Za-z0-9._/~+@-]*")
 # The rules compare these numerically: a value they cannot read would skip them silently.
-_CUDA = re.compile(r"\d{1,2}\.\d{1,2}(\.\d{1,3})?")
-_PYTHON = re.compile(r"3\.\d{1,2}")
+_CUDA = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}(\.[0-9]{1,3})?")
+_PYTHON = re.compile(r"3\.[0-9]{1,2}")
 MAX_JOBS = 4096
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*(/[A-Za-z0-9_][A-Za-z0-9._+-]*)*")
 

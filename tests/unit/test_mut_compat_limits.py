@@ -96,13 +96,13 @@ def test_torchvision_and_pytorch_the_table_does_not_know_are_not_judged() -> Non
 
 def test_a_pytorch_newer_than_the_table_is_judged_by_the_torchvision_release() -> None:
     loaded = manifest("efa-nccl")
-    stages = {**loaded.stages, "pytorch": {"version": "2.9.0"},
-              "torchvision": {"version": "0.23.0"}}
+    stages = {**loaded.stages, "pytorch": {"version": "2.15.0"},
+              "torchvision": {"version": "0.29.0"}}
     assert compat.check(dataclasses.replace(loaded, stages=stages), registry=STAGES) == [violation(
         "torchvision-pytorch", "stages.torchvision.version",
-        "torchvision 0.23.0 is built for PyTorch 2.8, but stages.pytorch.version is 2.9.0.",
-        action="use the torchvision release for PyTorch 2.9, or PyTorch 2.8 with torchvision "
-               "0.23.0")]
+        "torchvision 0.29.0 is built for PyTorch 2.14, but stages.pytorch.version is 2.15.0.",
+        action="use the torchvision release for PyTorch 2.15, or PyTorch 2.14 with torchvision "
+               "0.29.0")]
 
 
 def test_pytorch_without_torchvision_or_smddp_is_not_judged_against_them() -> None:

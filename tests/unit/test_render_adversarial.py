@@ -65,7 +65,7 @@ def keys(manifest: str) -> list[tuple[str, Field]]:
              for s in make_plan(loaded, t, STAGES).stages}
     fields = [(f"image.{k}", f) for k, f in IMAGE_FIELDS.items()]
     fields += [(f"stages.{n}.{k}", f) for n in sorted(names) for k, f in STAGES[n].fields.items()]
-    return [(key, f) for key, f in fields if f.kind not in ("bool", "int", *NOT_RENDERED)]
+    return [(key, f) for key, f in fields if f.kind not in ("bool", "int", "jobs", *NOT_RENDERED)]
 
 
 CASES = [(m, key, f) for m in MANIFESTS for key, f in keys(m)]
@@ -89,7 +89,8 @@ def strings(kind: str) -> st.SearchStrategy[str]:
                 "path": "_ABS_PATH", "image": "_IMAGE", "arch": "_ARCH", "name": "_NAME",
                 "fingerprint": "_FINGERPRINT", "entry_point": "_ENTRY_POINT",
                 "file_name": "_FILE_NAME", "packages": "_PACKAGE", "flags": "_FLAG",
-                "args": "_ARG", "arch_list": "_ARCH", "names": "_NAME"}
+                "args": "_ARG", "arch_list": "_ARCH", "names": "_NAME", "cuda": "_CUDA",
+                "python": "_PYTHON"}
     if kind == "text":
         return st.text(alphabet=string.printable, max_size=30)
     if kind == "specifier":
@@ -172,7 +173,7 @@ def test_every_stage_is_rendered_and_every_field_tried() -> None:
     assert rendered == set(STAGES)
     tried = {key for _, key, _ in CASES}
     assert {f"stages.{n}.{k}" for n, s in STAGES.items() for k, f in s.fields.items()
-            if f.kind not in ("bool", "int", *NOT_RENDERED)} <= tried
+            if f.kind not in ("bool", "int", "jobs", *NOT_RENDERED)} <= tried
 
 
 @pytest.mark.parametrize(("safe", "hostile"), [
