@@ -15,6 +15,10 @@ version: NCCL version (e.g. "2.10.3"), or "auto" for the NCCL the pinned PyTorch
 repo, ref, commit: the git source; ref defaults to the release tag `v{version}-1`.
 prefix: where include/ and lib/ go (seed 000: /usr/local, seed 002: /opt/conda).
 static: also install libnccl_static.a (default false).
+provider: "source" (default, built with nvcc) or "wheel": the library of the nvidia-nccl-cuXX
+  wheel the torch wheel pins, unpacked into `prefix` and compiled by no one here; needs
+  `version = "auto"` and `[stages.pytorch] provider = "wheel"` (stages/nccl_wheel.py).
+wheel_url, sha256: that wheel and its sha256 (filled by `invoke lock`).
 only_funcs: NCCL's developer switch ONLY_FUNCS (e.g. "AllReduce Sum f32 * *"): builds only
   those collectives' kernels, 4x faster; for CI builds, never for production images.
 
@@ -24,11 +28,19 @@ only_funcs: NCCL's developer switch ONLY_FUNCS (e.g. "AllReduce Sum f32 * *"): b
 version = "2.10.3"
 prefix = "/opt/conda"
 ```
+
+```toml
+[stages.nccl]
+version = "auto"
+provider = "wheel"
+```
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -45,6 +57,7 @@ from imageforge.planning.dockerfile import (
     sh,
 )
 from imageforge.sources.sources import Source
+from stages import nccl_wheel
 from stages.nccl_pytorch_pin import PIN as PYTORCH_PIN
 from stages.nccl_rules import RULES
 
@@ -71,7 +84,14 @@ def gencode(arches: Sequence[str]) -> str:
 
 
 def sources(ctx: Context) -> Sequence[Source]:
+    if nccl_wheel.from_wheel(ctx.of("nccl")):
+        return nccl_wheel.sources(ctx.of("nccl"))
     return [git_source("nccl", ctx.of("nccl"))]
+
+
+def prepare(table: Mapping[str, Any], manifest: Path) -> Mapping[str, Any]:
+    return nccl_wheel.prepare(table, manifest,
+                              {key: field.default for key, field in STAGE.fields.items()})
 
 
 def reproducible_nvcc(cuda: object, *, device_link: bool = True) -> list[str]:
@@ -100,6 +120,8 @@ def needs_python(version: str) -> bool:
 
 def recipe(ctx: Context) -> str:
     inputs = ctx.of("nccl")
+    if nccl_wheel.from_wheel(inputs):
+        return nccl_wheel.recipe(ctx)
     prefix = f"{EXPORT_ROOT}{inputs['prefix']}"
     cuda = str(ctx.image["cuda_home"])
     # No arch list means NCCL's own default (every arch), as seed 000 builds it.
@@ -199,6 +221,7 @@ STAGE = Stage(
             help='NCCL ONLY_FUNCS: build only these kernels, e.g. "AllReduce Sum f32 * *"'),
         "differs_from_pytorch": Field(
             kind="text", help="why this NCCL differs from the one PyTorch pins (required then)"),
+        **nccl_wheel.FIELDS,
     },
     sources=sources,
     recipe=recipe,
@@ -207,4 +230,5 @@ STAGE = Stage(
     checks=checks,
     lock_pins=(PYTORCH_PIN,),
     rules=RULES,
+    prepare=prepare,
 )

@@ -11,9 +11,11 @@ explicit version it is the evidence the NCCL-vs-PyTorch rule judges the manifest
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from imageforge.errors import LockError, ManifestError
 from imageforge.model.lockpin import LockPin, Pin, Upstream
 from imageforge.model.manifest import Manifest
 from imageforge.model.stage import Context, Stage
@@ -21,7 +23,7 @@ from imageforge.planning.compat import image_cuda
 from imageforge.planning.plan import stage_inputs
 from imageforge.sources.download import redact
 from imageforge.sources.sources import GitSource
-from stages import ncclwheelpin
+from stages import nccl_wheel, ncclwheelpin
 from stages.ncclpin import pytorch_nccl_pin
 
 ENTRY = "nccl_pytorch_pin"
@@ -42,10 +44,17 @@ def _wheel(manifest: Manifest, registry: Mapping[str, Stage]) -> Mapping[str, An
     return inputs if inputs["provider"] == "wheel" else None
 
 
+def _nccl_wheel(manifest: Manifest) -> bool:
+    """True when the nccl stage takes the library of the torch wheel's own NCCL wheel."""
+    return nccl_wheel.from_wheel(manifest.stages.get("nccl", {}))
+
+
 def origin(manifest: Manifest, registry: Mapping[str, Stage]) -> Mapping[str, Any] | None:
     wheel = _wheel(manifest, registry)
     if wheel is not None:
-        return ncclwheelpin.origin(manifest.image, wheel)
+        found = ncclwheelpin.origin(manifest.image, wheel)
+        # Only then: the locks written before the provider existed stay current.
+        return {**found, "nccl_provider": "wheel"} if _nccl_wheel(manifest) else found
     inputs, source = _pytorch(manifest, registry)
     if not source.commit:
         return None
@@ -57,8 +66,15 @@ def origin(manifest: Manifest, registry: Mapping[str, Stage]) -> Mapping[str, An
 def resolve(manifest: Manifest, registry: Mapping[str, Stage], where: Upstream) -> Pin:
     nccl_repo = str(manifest.stages["nccl"].get("repo", registry["nccl"].fields["repo"].default))
     wheel = _wheel(manifest, registry)
+    if wheel is not None and _nccl_wheel(manifest):
+        return ncclwheelpin.resolve_wheel(manifest.image, wheel, where)
     if wheel is not None:
         return ncclwheelpin.resolve(manifest.image, wheel, nccl_repo, where)
+    if _nccl_wheel(manifest):
+        raise ManifestError(f"{manifest.path}: stages.nccl.provider = \"wheel\" takes the NCCL "
+                            "wheel the torch wheel pins, but stages.pytorch.provider is "
+                            "\"source\"; set [stages.pytorch] provider = \"wheel\", or build "
+                            "NCCL from source.")
     _, pytorch = _pytorch(manifest, registry)
     assert pytorch.commit
     cuda = image_cuda(manifest)
@@ -82,15 +98,37 @@ def apply(manifest: Manifest, pin: Pin) -> Manifest:
     nccl = manifest.stages.get("nccl")
     if nccl is None or nccl.get("version") != "auto":
         return manifest
+    if nccl_wheel.from_wheel(nccl):
+        url, sha256 = _entry(pin, "wheel_url", URL), _entry(pin, "sha256", SHA256)
+        resolved = {**nccl, "version": _entry(pin, "version", VERSION), "wheel_url": url,
+                    "sha256": sha256}
+        return dataclasses.replace(manifest, stages={**manifest.stages, "nccl": resolved})
     # The pin may be a post-release fix with no tag of its own: build the commit itself.
-    resolved = {**nccl, "version": pin["version"], "commit": pin["commit"],
-                "ref": pin["commit"]}
+    commit = _entry(pin, "commit", COMMIT)
+    resolved = {**nccl, "version": _entry(pin, "version", VERSION), "commit": commit,
+                "ref": commit}
     return dataclasses.replace(manifest, stages={**manifest.stages, "nccl": resolved})
+
+
+# What the lock's entry may hold: it is read from a file, and its values reach RUN lines.
+VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+# A URL without shell or quoting characters, though it is always quoted.
+URL = re.compile(r"https?://[A-Za-z0-9._~:/?#@&+,=%-]+")
+
+
+def _entry(pin: Pin, key: str, pattern: re.Pattern[str]) -> str:
+    value = pin.get(key)
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise LockError(f"the lock's {ENTRY} entry has no valid {key} (found {value!r:.80}); "
+                        "delete the entry and run `invoke lock`.")
+    return value
 
 
 def describe(before: Pin | None, after: Pin | None) -> str:
     version = after.get("version") if after else None
-    commit = after.get("commit") if after else None
+    commit = after.get("commit") or after.get("sha256") if after else None
     return (f"nccl pinned by pytorch: {before.get('version') if before else None} -> "
             f"{version} ({commit})")
 

@@ -31,10 +31,10 @@ def origin(image: Mapping[str, Any], pytorch: Mapping[str, Any]) -> dict[str, An
             "python": str(image["python"]), "platform": str(image["platform"])}
 
 
-def resolve(image: Mapping[str, Any], pytorch: Mapping[str, Any], nccl_repo: str,
-            where: Upstream) -> Pin:
-    wanted = origin(image, pytorch)
-    index, version = wanted["index"].rstrip("/"), wanted["pytorch_version"]
+def _requirement(wanted: Mapping[str, Any], where: Upstream
+                 ) -> tuple[wheelmeta.Wheel, str, str]:
+    """The torch wheel the image installs, and the NCCL wheel (name, version) it requires."""
+    index = wanted["index"].rstrip("/")
     wheels = wheelmeta.list_wheels(where.locate(index), "torch")
     wheel = _pick(wheels, wanted)
     metadata = wheelmeta.read_metadata(wheel)
@@ -43,9 +43,36 @@ def resolve(image: Mapping[str, Any], pytorch: Mapping[str, Any], nccl_repo: str
     if found is None:
         raise SourceError(f"stages.nccl.version = \"auto\": {wheel.filename} requires no "
                           "nvidia-nccl-cuXX wheel, so it pins no NCCL; set stages.nccl.version "
-                          "to the NCCL to build.")
+                          "to the NCCL to build, with provider = \"source\".")
     name, nccl = found
     _check_variant(name, wanted["variant"], wheel.filename)
+    return wheel, name, nccl
+
+
+def resolve_wheel(image: Mapping[str, Any], pytorch: Mapping[str, Any], where: Upstream) -> Pin:
+    """With `[stages.nccl] provider = "wheel"`: the NCCL wheel itself, for the image's platform,
+    by the sha256 the index publishes for it (the file is fetched only when building)."""
+    wanted = origin(image, pytorch)
+    index = wanted["index"].rstrip("/")
+    torch, name, nccl = _requirement(wanted, where)
+    wheels = wheelmeta.list_wheels(where.locate(index), name)
+    wheel = wheelmeta.pick(wheels, project=name, version=nccl, python=wanted["python"],
+                           platform=wanted["platform"])
+    if not wheel.sha256:
+        raise SourceError(f"stages.nccl.provider = \"wheel\": {redact(index)} gives no sha256 "
+                          f"for {wheel.filename}, so it cannot be locked; use an index that "
+                          "publishes hashes (PyPI, download.pytorch.org) in stages.pytorch.index.")
+    return {"version": nccl, "wheel_url": redact(wheel.url), "sha256": wheel.sha256,
+            "evidence": {"method": "wheel", "wheel": torch.filename,
+                         "wheel_sha256": torch.sha256, "requires": f"{name}=={nccl}",
+                         "index": redact(index), "nccl_wheel": wheel.filename}}
+
+
+def resolve(image: Mapping[str, Any], pytorch: Mapping[str, Any], nccl_repo: str,
+            where: Upstream) -> Pin:
+    wanted = origin(image, pytorch)
+    index, version = wanted["index"].rstrip("/"), wanted["pytorch_version"]
+    wheel, name, nccl = _requirement(wanted, where)
     tag = f"v{nccl}-1"
     try:
         commit = gitsource.resolve_ref(where.locate(nccl_repo), tag)

@@ -7,9 +7,10 @@ https://download.pytorch.org/whl/cu130), and installed with --require-hashes.
 
 Which libnccl torch loads is decided by the wheel, not by LD_LIBRARY_PATH: libtorch's DT_RPATH
 and `torch/__init__.py`'s preload both name `site-packages/nvidia/nccl/lib/libnccl.so.2`
-(pytorch #138460). So with the nccl stage built from source, that one file becomes a symlink
-to the nccl stage's library: one libnccl on disk, the one the manifest chose, no LD_PRELOAD,
-and nvidia-nccl-cuXX stays installed so `pip check` is clean. The checks read the library
+(pytorch #138460). So that one file becomes a symlink to the nccl stage's library, whether the
+nccl stage built it from source or unpacked the NCCL wheel's own (`provider = "wheel"`,
+stages/nccl_wheel.py): one libnccl on disk, the one the manifest chose, no LD_PRELOAD, and
+nvidia-nccl-cuXX stays installed so `pip check` is clean. The checks read the library
 `import torch` really mapped (/proc/self/maps, ncclGetVersion), because
 `torch.cuda.nccl.version()` only reports the headers torch was compiled with.
 """
@@ -51,18 +52,17 @@ def requirements(ctx: Context) -> list[str]:
     return [f"torch=={inputs['version']}", *inputs["packages"]]
 
 
-def nccl_from_source(ctx: Context) -> bool:
-    return str(ctx.of("nccl").get("provider", "source")) == "source"
+def nccl_provider(ctx: Context) -> str:
+    """How the nccl stage made the library torch loads: "source" or "wheel"."""
+    return str(ctx.of("nccl").get("provider") or "source")
 
 
 def recipe(ctx: Context) -> str:
     site = f"{EXPORT_ROOT}{site_packages(ctx)}"
-    then: list[str] = []
-    if nccl_from_source(ctx):
-        lib = f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2"
-        # The wheel's file replaced by a link, not shadowed: nothing else on disk to load.
-        then = [sh("test", "-f", f"{site}/{WHEEL_NCCL}"),
-                sh("ln", "-sfn", lib, f"{site}/{WHEEL_NCCL}")]
+    lib = f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2"
+    # The wheel's file replaced by a link, not shadowed: nothing else on disk to load.
+    then = [sh("test", "-f", f"{site}/{WHEEL_NCCL}"),
+            sh("ln", "-sfn", lib, f"{site}/{WHEEL_NCCL}")]
     # --ignore-installed: the venv sees the base's system packages, and what the base has
     # must still be installed into /out, or the image would depend on the base's copy.
     return "\n".join(piplock.install(
@@ -76,16 +76,14 @@ LOADED = Path(__file__).with_name("nccl_loaded.py").read_text()
 
 
 def loaded_nccl(ctx: Context) -> str:
-    """The libnccl.so.2 `import torch` must load: the nccl stage's, or the wheel's own."""
-    if nccl_from_source(ctx):
-        return f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2"
-    return f"{site_packages(ctx)}/{WHEEL_NCCL}"
+    """The libnccl.so.2 `import torch` must load: the nccl stage's, however it was made."""
+    return f"{ctx.of('nccl')['prefix']}/lib/libnccl.so.2"
 
 
 def checks(ctx: Context) -> Sequence[Check]:
     version = str(ctx.of("nccl")["version"])
     expected = loaded_nccl(ctx)
-    source = "nccl stage" if nccl_from_source(ctx) else "wheel"
+    source = "nccl stage" if nccl_provider(ctx) == "source" else "NCCL wheel"
     torch = str(ctx.of("pytorch")["version"])
     return [
         Check(name=f"torch {torch} is installed from its wheel",

@@ -51,6 +51,9 @@ class Field:
     # An [image] key this field defaults to and must equal when given (python's version is
     # image.python: one Python per image).
     same_as: str | None = None
+    # For a key added to a stage after artifacts were stored: at its default it stays out of
+    # the key, so every stage key from before it existed still holds (nccl's provider).
+    omit_default: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -187,6 +190,8 @@ def keyed_inputs(stage: Stage, inputs: Inputs) -> dict[str, Any]:
         field = stage.fields.get(key)
         if field is None:
             return True
+        if field.omit_default and inputs.get(key) == field.default:
+            return False
         return field.keyed and not (field.locates and inputs.get(field.locates))
 
     return {k: v for k, v in inputs.items() if keyed(k)}

@@ -75,7 +75,7 @@ def test_the_variant_comes_from_image_cuda_unless_given() -> None:
     assert pytorch_wheel.variant(given) == "cu132"
 
 
-def test_the_checks_expect_the_nccl_stages_library_unless_nccl_comes_from_the_wheel() -> None:
+def test_the_checks_expect_the_nccl_stages_library_whoever_made_it() -> None:
     image = {"cuda": "13.0", "python": "3.11"}
     inputs = {"pytorch": {"version": "2.14.1", "provider": "wheel"},
               "nccl": {"version": "2.30.7", "prefix": "/opt/nccl", "provider": "source"}}
@@ -87,8 +87,13 @@ def test_the_checks_expect_the_nccl_stages_library_unless_nccl_comes_from_the_wh
     assert "/opt/nccl/lib/libnccl.so.2" in script
     wheel = Context(image=image, stages={**inputs, "nccl": {**inputs["nccl"],
                                                             "provider": "wheel"}})
-    script = next(c.script for c in pytorch_wheel.checks(wheel) if "libnccl" in c.name)
-    assert f"{SITE}/nvidia/nccl/lib/libnccl.so.2" in script
+    checks = pytorch_wheel.checks(wheel)
+    assert "import torch maps one libnccl, the NCCL wheel's, at NCCL 2.30.7" in \
+        [c.name for c in checks]
+    # The NCCL wheel's library is unpacked into the nccl stage: the same one path either way.
+    script = next(c.script for c in checks if "libnccl" in c.name)
+    assert "/opt/nccl/lib/libnccl.so.2" in script
+    assert f"{SITE}/nvidia" not in script
 
 
 @pytest.mark.parametrize(("setting", "key", "provider"), [

@@ -133,6 +133,8 @@ class Index:
 
     files: dict[str, bytes]
     project: str = "demo-pkg"
+    # Other projects with a page (listing the same files: clients pick by project name).
+    also: tuple[str, ...] = ()
     url: str = ""
     speaks_json: bool = True  # answer PEP 691 JSON to a client that asks for it
     ranges: bool = True  # honour Range (else 200 and the whole file)
@@ -215,7 +217,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _find(self, path: str) -> tuple[bytes | None, str]:
         index = self.index
-        if path == f"/simple/{index.project}/":
+        if path in {f"/simple/{project}/" for project in (index.project, *index.also)}:
             accept = self.headers.get("Accept", "")
             return index.page(index.speaks_json and "vnd.pypi.simple.v1+json" in accept)
         name = path.removeprefix("/files/")
