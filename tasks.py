@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import json as jsonlib
+import os
 import signal
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +43,23 @@ def _terminate(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+EXIT_PIPE = 141
+
+
+def output_full() -> bool:
+    """Whether standard output is what ran out of space: a device such as /dev/full, or a
+    file on a disk with next to nothing left (not the cache's disk, which gets its own
+    message)."""
+    try:
+        info = os.fstat(sys.stdout.fileno())
+        if stat.S_ISCHR(info.st_mode):
+            return not os.isatty(sys.stdout.fileno())
+        room = os.fstatvfs(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(info.st_mode) and room.f_bavail * room.f_frsize < 1 << 20
+
+
 def boundary(func: F) -> F:
     """The one place user errors become a message and an exit code, never a traceback."""
 
@@ -56,7 +75,17 @@ def boundary(func: F) -> F:
             return func(*args, **kwargs)
         except FatalError as exc:
             raise Exit(f"imageforge: {exc}", code=exc.return_code) from None
+        except BrokenPipeError:
+            # The reader of the output went away (`| head`): stop as a shell pipeline's writer
+            # would (128 + SIGPIPE), without a traceback, and without the interpreter's own
+            # complaint when it flushes the dead pipe at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise Exit(code=EXIT_PIPE) from None
         except OSError as exc:
+            if diskfull.is_full(exc) and exc.filename is None and output_full():
+                raise Exit("imageforge: standard output: no space left on its device; send "
+                           "the output somewhere with room.",
+                           code=UsageError.return_code) from None
             # The modules that write name their place; this catches any write they missed.
             if diskfull.is_full(exc):
                 full = diskfull.error(Path(exc.filename).parent if exc.filename else Path.cwd())

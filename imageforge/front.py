@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from imageforge.cache import diskfull
-from imageforge.errors import UsageError
+from imageforge.errors import FatalError, UsageError
+from imageforge.model import validate
 from imageforge.model.stage import Stage
 from imageforge.planning import project
 from imageforge.planning.plan import Plan
@@ -520,6 +521,18 @@ class BuildRequest:
     expect_key: str | None = None
 
 
+# A tag as Docker's reference grammar has it.
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+def image_tag(flag: str, value: str) -> None:
+    """Refuse an image reference Docker would refuse, before any work rather than after it."""
+    if validate.problem("image", value) is not None:
+        raise UsageError(f"{flag} {value[:80]!r}: not an image reference; give "
+                         "[REGISTRY/]REPOSITORY[:TAG] in lower case, e.g. "
+                         "registry.example.com/training:2026-12-05.")
+
+
 def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     """Build a target, then (an image, --test) run its checks: the lines to print, each when
     it is known. A failed check raises ImageCheckError after the image is tagged."""
@@ -535,6 +548,8 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
         # The default tag names no registry: a push would go to Docker Hub.
         raise UsageError("build --push needs --tag REGISTRY/REPOSITORY:TAG: without it the "
                          "image would be pushed to Docker Hub under its default name.")
+    if request.tag:
+        image_tag("--tag", request.tag)
     bundle = cabundle.resolve(pick(request.ca_bundle, config, "ca_bundle"))
     s = settings(config, flags, layer_cache=True)
     _, code_target = code_overrides(flags.code, flags.program, request.target, s.registry)
@@ -665,9 +680,12 @@ def nightly_options(config: Config, request: NightlyRequest) -> NightlyOptions:
     else (the webhook) $IMAGEFORGE_WEBHOOK_URL."""
     from imageforge.image.nightly import NightlyOptions
 
+    repository = pick(request.repository, config, "repository")
+    if repository:
+        image_tag("--repository (imageforge.repository)", repository)
     return NightlyOptions(
         target=request.target, push=request.push,
-        repository=pick(request.repository, config, "repository"),
+        repository=repository,
         channel=request.channel, template=request.tag_template,
         size_budget=ratio("size-budget", request.size_budget),
         report_dir=Path(request.report) if request.report else None,
@@ -727,6 +745,9 @@ def promote(config: Config, image: str | None, tag: str) -> str:
     if not image:
         raise UsageError("promote needs --image REPOSITORY@sha256:<digest>: the tested image "
                          "to point the tag at.")
+    if not TAG.fullmatch(tag):
+        raise UsageError(f"--tag {tag[:80]!r}: not a tag; use letters, digits, '_', '.' and '-' "
+                         "(at most 128, not starting with '.' or '-').")
     s = settings(config)
     with remote_mod.credentials(image.split("/", 1)[0]) as env:
         return golden.promote(image, tag, cache_dir=s.cache_dir, env=env)
@@ -749,13 +770,16 @@ def _matrix_file(file: str | None, command: str) -> Path:
 
 def matrix_plans(config: Config, entries: Sequence[Entry]) -> list[Planned]:
     """Each matrix image planned: its target and every stage's key and status."""
-    from imageforge.model.matrix import Planned
+    from imageforge.model.matrix import Planned, blame
 
     plans = []
     for entry in entries:
-        s = _entry_settings(config, entry)
-        target = _target(s, entry.target)
-        planned = project.plan(s, target)
+        try:
+            s = _entry_settings(config, entry)
+            target = _target(s, entry.target)
+            planned = project.plan(s, target)
+        except FatalError as exc:
+            raise blame(entry, exc) from None
         plans.append(Planned(entry=entry, target=target,
                              keys={st.name: st.key for st in planned.stages},
                              statuses={st.name: st.status for st in planned.stages}))

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge.errors import ManifestError
+from imageforge.errors import FatalError, ManifestError
+from imageforge.model import validate
 
 KEYS = ("manifest", "target", "tag", "set", "matrix")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
@@ -36,6 +37,10 @@ class Entry:
     target: str | None
     tag: str | None
     overrides: tuple[str, ...]
+    # Where it is written ("images.toml: image 2"), and its [image.matrix] axes: what an error
+    # about its manifest, target or overrides names instead of flags nobody gave.
+    where: str = ""
+    axes: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -72,6 +77,9 @@ def _entries(path: Path, index: int, table: Mapping[str, Any]) -> list[Entry]:
     if not isinstance(manifest, str) or not manifest:
         raise ManifestError(f"{where}: manifest = \"<path>\" is required (relative to "
                             f"{path.parent}).")
+    if not (path.parent / manifest).is_file():
+        raise ManifestError(f"{where}: manifest = {manifest!r}: no such file (paths are "
+                            f"relative to {path.parent}); fix the path.")
     target, tag = table.get("target"), table.get("tag")
     for key, value in (("target", target), ("tag", tag)):
         if value is not None and (not isinstance(value, str) or not value):
@@ -89,13 +97,36 @@ def _entries(path: Path, index: int, table: Mapping[str, Any]) -> list[Entry]:
     names = list(axes)
     for values in itertools.product(*(axes[n] for n in names)) if names else [()]:
         chosen = dict(zip(names, values, strict=True))
+        filled = _fill(tag, chosen, where) if tag else None
+        if filled is not None and validate.problem("image", filled) is not None:
+            raise ManifestError(f"{where}: tag {filled[:80]!r} is not an image reference; give "
+                                "[REGISTRY/]REPOSITORY[:TAG] in lower case.")
         entries.append(Entry(
             manifest=(path.parent / manifest),
             target=target,
-            tag=_fill(tag, chosen, where) if tag else None,
+            tag=filled,
             overrides=(*sets, *(f"{n}={v}" for n, v in chosen.items())),
+            where=where,
+            axes=tuple(names),
         ))
     return entries
+
+
+def blame(entry: Entry, exc: FatalError) -> FatalError:
+    """`exc`, raised while planning `entry`, said of the file: its `target`, its `set` list or
+    a `[image.matrix]` axis, not the flags a command line would have had. Same exit code,
+    except that a bad target is bad file content here (exit 2)."""
+    text = str(exc)
+    if text.startswith("--set "):
+        key = text.removeprefix("--set ").split("=", 1)[0]
+        what = "[image.matrix] axis" if key in entry.axes else "set entry"
+        return type(exc)(f"{entry.where}: {what} {text.removeprefix('--set ')}")
+    if text.startswith("--target: ") and entry.target is None:
+        found = text.removeprefix("--target: ").split("; pass --target", 1)[0]
+        return ManifestError(f"{entry.where}: {found}; add target = \"...\" to this image.")
+    if text.startswith("--target "):
+        return ManifestError(f"{entry.where}: target {text.removeprefix('--target ')}")
+    return type(exc)(f"{entry.where} ({entry.manifest.name}): {text}")
 
 
 def _fill(tag: str, chosen: Mapping[str, str], where: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 
-from imageforge.errors import ManifestError
+from imageforge.errors import ManifestError, UsageError
 from imageforge.model.stage import Stage
 
 
@@ -22,7 +22,8 @@ def closure(target: str, registry: Mapping[str, Stage]) -> list[str]:
     if target not in registry:
         close = difflib.get_close_matches(target, list(registry), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ManifestError(f"--target {target}: unknown stage; {hint}"
+        # A flag value that is not allowed (exit 1), in every command alike.
+        raise UsageError(f"--target {target}: unknown stage; {hint}"
                             f"targets are: {', '.join(registry)}.")
     memo = _memo(registry)
     found = memo.get(target)

@@ -79,7 +79,7 @@ def test_missing_manifest_and_unknown_target_are_user_errors(tmp_path: Path) -> 
     assert missing.returncode == 2
     assert "no such manifest" in missing.stderr
     unknown = invoke("plan", "--target", "smdp")
-    assert unknown.returncode == 2
+    assert unknown.returncode == 1   # a flag value, as in every command
     assert "did you mean 'smddp'" in unknown.stderr
     assert "Traceback" not in missing.stderr + unknown.stderr
 
@@ -190,6 +190,13 @@ USAGE_ERRORS = [
     (["lock", "--check", "--upgrade"], "lock --check and --upgrade contradict each other"),
     (["fetch", "--mirror", "ftp://mirror.example/x"], "--mirror ftp://mirror.example/x: give a"),
     (["bench", "--repeats", "0", "--no-builds"], "--repeats 0: give a whole number"),
+    (["plan", "--target", "nope"], "--target nope: unknown stage"),
+    (["render", "--target", "nope"], "--target nope: unknown stage"),
+    (["test-image", "--target", "nope"], "--target nope is not an image"),
+    (["build", "--target", "efa", "--tag", "Bad Tag!!"], "--tag 'Bad Tag!!': not an image"),
+    (["promote", "--image", "r/x@sha256:" + "a" * 64, "--tag", "bad tag"],
+     "--tag 'bad tag': not a tag"),
+    (["nightly", "--repository", "Reg/Bad Repo"], "(imageforge.repository) 'Reg/Bad Repo': not"),
     (["plan", "--bogus"], "No idea what '--bogus' is"),  # invoke's own parser: also 1
 ]
 
@@ -230,3 +237,30 @@ def test_a_misspelt_setting_is_refused_naming_it(where: str, tmp_path: Path) -> 
     assert "Traceback" not in result.stderr
     assert said in result.stderr.strip().splitlines()[-1]
     assert not any(tmp_path.glob("artifacts"))
+
+
+def test_a_reader_that_closes_early_stops_the_command_quietly() -> None:
+    """`plan --json | head`: exit 141 as a shell pipeline's writer, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(ROOT), "plan", "--json"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    proc.stdout.close()   # the reader is gone before the first line
+    errors = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in errors
+    assert "Exception ignored" not in errors
+
+
+def test_a_full_standard_output_is_named_not_the_cache_disk() -> None:
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "plan",
+                                 "--json"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                check=False, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == ("imageforge: standard output: no space left on "
+                                              "its device; send the output somewhere with room.")
+    assert "cache.prune" not in result.stderr

@@ -3,6 +3,8 @@ from them, and every mistake one sentence naming the file and the image."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +12,17 @@ import pytest
 from imageforge.errors import ManifestError
 from imageforge.model.matrix import Entry, Planned, load, summary
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def write(tmp_path: Path, text: str) -> Path:
+    """The matrix file, beside copies of the manifests it may name."""
     path = tmp_path / "images.toml"
     path.write_text(text)
+    (tmp_path / "manifests").mkdir(exist_ok=True)
+    for name in ("efa-nccl.toml", "smddp.toml", "torch211-nccl-wheel.toml"):
+        (tmp_path / "manifests" / name).write_text((ROOT / "manifests" / name).read_text())
+    (tmp_path / "m.toml").write_text((ROOT / "manifests" / "efa-nccl.toml").read_text())
     return path
 
 
@@ -33,7 +42,8 @@ set = ["stages.pytorch.max_jobs=8"]
 ''')
     entries = load(path)
     assert entries[0] == Entry(manifest=tmp_path / "manifests/efa-nccl.toml", target=None,
-                               tag=None, overrides=())
+                               tag=None, overrides=(), where=f"{path}: image 1")
+    assert entries[1].axes == ("stages.efa.version", "image.python")
     assert [e.tag for e in entries[1:]] == [
         "registry.example.com/smddp:efa1.14.1-py3.8", "registry.example.com/smddp:efa1.14.1-py3.9",
         "registry.example.com/smddp:efa1.15.1-py3.8", "registry.example.com/smddp:efa1.15.1-py3.9"]
@@ -51,6 +61,10 @@ set = ["stages.pytorch.max_jobs=8"]
     ('[[image]]\nmanifest = "m.toml"\ntag = "x:{stages.nccl.version}"\n',
      "names {stages.nccl.version}, which is not one of its matrix axes"),
     ('[[image]\n', "invalid TOML"),
+    ('[[image]]\nmanifest = "m.toml"\ntag = "Bad Tag!!"\n',
+     "image 1: tag 'Bad Tag!!' is not an image reference"),
+    ('[[image]]\nmanifest = "nope.toml"\n',
+     "image 1: manifest = 'nope.toml': no such file (paths are relative to"),
 ])
 def test_a_bad_matrix_is_one_sentence_naming_file_and_image(tmp_path: Path, text: str,
                                                             says: str) -> None:
@@ -77,3 +91,34 @@ def test_the_summary_counts_each_shared_key_once() -> None:
     assert found["keys_to_build"] == 4
     assert found["images"][1]["builds"] == ["smddp"]
     assert found["images"][1]["shared"] == ["base", "efa", "nccl"]
+
+
+@pytest.mark.parametrize(("text", "says", "code"), [
+    # An axis is blamed as an axis, a set entry as one: nobody passed --set.
+    ('[[image]]\nmanifest = "manifests/efa-nccl.toml"\n[image.matrix]\n'
+     '"stages.efa.versio" = ["1.36.0"]\n',
+     "image 1: [image.matrix] axis stages.efa.versio=1.36.0: unknown key; did you mean "
+     "'version'?", 2),
+    ('[[image]]\nmanifest = "manifests/efa-nccl.toml"\nset = ["stages.efa.versio=1"]\n',
+     "image 1: set entry stages.efa.versio=1: unknown key", 2),
+    ('[[image]]\nmanifest = "manifests/efa-nccl.toml"\n\n[[image]]\n'
+     'manifest = "manifests/efa-nccl.toml"\ntarget = "nope"\n',
+     "image 2: target nope: unknown stage; targets are: base", 2),
+    ('[[image]]\nmanifest = "manifests/torch211-nccl-wheel.toml"\n',
+     "torch211-nccl-wheel.toml defines 2 images (efa-nccl, training); add target = \"...\" "
+     "to this image.", 2),
+])
+def test_planning_errors_name_the_matrix_entry_not_flags(tmp_path: Path, text: str, says: str,
+                                                         code: int) -> None:
+    path = write(tmp_path, text)
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "matrix.plan",
+                             "--file", str(path)], cwd=tmp_path, capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == code, result.stderr
+    # The last line is the error (planning the images before it may note a missing lock).
+    error = result.stderr.splitlines()[-1]
+    assert error.startswith(f"imageforge: {path}: image ")
+    assert says in error
+    assert "Traceback" not in result.stderr
+    assert "--set" not in result.stderr
+    assert "pass --target" not in result.stderr
