@@ -36,7 +36,7 @@ from imageforge.model import extends, lockpin
 from imageforge.model.manifest import Manifest, with_versions
 from imageforge.model.stage import Context, Stage
 from imageforge.planning.dag import closure
-from imageforge.sources import gitsource, piplock, tarcheck, upstream
+from imageforge.sources import gitsource, lockcheck, piplock, tarcheck, upstream
 from imageforge.sources.download import download, redact
 from imageforge.sources.sources import GitSource, Source, SourceCache, UrlSource
 
@@ -128,10 +128,19 @@ def read(path: Path, *, old_ok: bool = False) -> Lock | None:
                         "`invoke lock` to rewrite it.")
     try:
         entries = dict(_entries(data, ()))
-        return Lock(entries=entries, source_date_epoch=data.get("source_date_epoch"))
     except (ValueError, KeyError, TypeError) as exc:
         raise LockError(f"{path}: not a valid imageforge lock file ({exc}); delete it and run "
                         "`invoke lock`.") from None
+    epoch = lockcheck.epoch_problem(data.get("source_date_epoch"))
+    if epoch:
+        raise LockError(f"{path}: {epoch}; delete the key and run `invoke lock`.")
+    for entry_path, entry in entries.items():
+        found = lockcheck.problem(entry.pin)
+        if found:
+            key, why = found
+            raise LockError(f"{path}: {name(entry_path)}.{key}: {why}; a lock holds only what "
+                            "`invoke lock` writes: delete that entry and run `invoke lock`.")
+    return Lock(entries=entries, source_date_epoch=data.get("source_date_epoch"))
 
 
 def _entries(node: Mapping[str, Any], at: EntryPath) -> list[tuple[EntryPath, Entry]]:
