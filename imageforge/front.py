@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from imageforge.cache import diskfull
-from imageforge.errors import FatalError, UsageError
+from imageforge.errors import CacheError, FatalError, UsageError
 from imageforge.model import validate
 from imageforge.model.stage import Stage
 from imageforge.planning import project
@@ -131,7 +131,7 @@ def settings(config: Config, flags: Flags = Flags(), *,
     return project.Settings(
         manifest=manifest,
         overrides=(*(flags.overrides or ()), *code),
-        cache_dir=Path(config.get("cache_dir") or "cache"),
+        cache_dir=cache_dir(config),
         locked=flags.locked,
         remote=pick(flags.remote, config, "remote"),
         layer_cache=pick(flags.layer_cache, config, "layer_cache") if layer_cache else None,
@@ -141,6 +141,25 @@ def settings(config: Config, flags: Flags = Flags(), *,
         image_store=image_artifacts(config) == "image-store",
         trust_verified=cache_trust(config) == "verified",
     )
+
+
+def cache_dir(config: Config) -> Path:
+    """imageforge.cache_dir, refused at once when it cannot be a cache (exit 9): a file or a
+    symlink to nothing would otherwise read as an empty cache, and fail only on the first
+    write, blamed on a path nobody named."""
+    path = Path(config.get("cache_dir") or "cache")
+    where = "imageforge.cache_dir (invoke.yaml or INVOKE_IMAGEFORGE_CACHE_DIR)"
+    problem = None
+    if path.is_symlink() and not path.exists():
+        problem = f"is a symlink to {os.readlink(path)}, which does not exist"
+    elif path.exists() and not path.is_dir():
+        problem = "is not a directory"
+    elif path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        problem = "is not writable by this user"
+    if problem:
+        raise CacheError(f"{where} = {path}: {problem}; point it at a directory imageforge "
+                         "may write (it is created when missing).")
+    return path
 
 
 def cache_trust(config: Config) -> str:

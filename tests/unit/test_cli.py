@@ -264,3 +264,23 @@ def test_a_full_standard_output_is_named_not_the_cache_disk() -> None:
     assert result.stderr.splitlines()[-1] == ("imageforge: standard output: no space left on "
                                               "its device; send the output somewhere with room.")
     assert "cache.prune" not in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling symlink"])
+@pytest.mark.parametrize("command", [["cache.ls"], ["plan", "--target", "efa"]])
+def test_a_cache_dir_that_cannot_be_one_is_exit_9_naming_the_setting(
+        tmp_path: Path, kind: str, command: list[str]) -> None:
+    """It read as an empty cache ("0 artifacts", exit 0) and failed on the first write."""
+    cache = tmp_path / "cache"
+    if kind == "file":
+        cache.write_text("")
+    else:
+        cache.symlink_to(tmp_path / "gone")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(cache)}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *command],
+                            cwd=ROOT, capture_output=True, text=True, env=env, check=False,
+                            timeout=120)
+    assert result.returncode == 9, result.stderr
+    assert result.stdout == ""
+    setting = "imageforge.cache_dir (invoke.yaml or INVOKE_IMAGEFORGE_CACHE_DIR)"
+    assert result.stderr.splitlines()[-1].startswith(f"imageforge: {setting} = {cache}: ")
