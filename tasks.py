@@ -15,12 +15,14 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
+from invoke.vendor.yaml import YAMLError
 
 from imageforge import front
 from imageforge.cache import diskfull
@@ -37,6 +39,23 @@ REMOTE_HELP = ("registry repository of the shared artifact cache, e.g. "
 MIRROR_HELP = ("fetch only from this mirror (a directory or URL made by mirror.sync); "
                "the original URLs are never contacted")
 TARGET_DEFAULT = "default: the image the manifest defines"
+
+
+def _config_file_error(kind: type[BaseException], exc: BaseException,
+                       trace: TracebackType | None) -> None:
+    """invoke reads invoke.yaml (and `-f FILE`) after importing this module and before any
+    task runs, outside `boundary`: broken YAML there is one sentence naming the file and line
+    (exit 1), not invoke's traceback."""
+    if isinstance(exc, YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}" if mark else "the invoke configuration"
+        why = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        print(f"imageforge: {where}: not valid YAML ({why}); fix the file.", file=sys.stderr)
+        return
+    sys.__excepthook__(kind, exc, trace)
+
+
+sys.excepthook = _config_file_error
 
 
 def _terminate(_signum: int, _frame: object) -> None:
@@ -460,7 +479,9 @@ matrix = Collection("matrix", matrix_plan, matrix_build)
 mirror = Collection("mirror", mirror_sync)
 ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain,
                verify, nightly, promote, cache, mirror, matrix, ci)
-ns.configure({"imageforge": dict(front.CONFIG_DEFAULTS)})
+# No `imageforge` defaults declared to invoke: front.Config applies them, reads the
+# INVOKE_IMAGEFORGE_* variables itself and checks every value's type, so a wrongly typed
+# invoke.yaml is one sentence, not a traceback from invoke's merge.
 
 
 # (manifest, target, golden file): the Dockerfiles tests/unit/test_render.py compares with.

@@ -71,9 +71,27 @@ class Config:
 
     def get(self, key: str) -> Any:
         """A configured value; an empty one counts as not set (None)."""
-        return self.table.get(key) or None
+        return self.value(key) or None
+
+    def value(self, key: str) -> Any:
+        """$INVOKE_IMAGEFORGE_<KEY>, else invoke.yaml's `imageforge.<key>` (invoke's order).
+        The variables are read here, not by invoke: invoke maps them only onto keys declared
+        as defaults, and declared defaults make a wrongly typed invoke.yaml value fail inside
+        invoke's own merge, with a traceback."""
+        name = ENV_PREFIX + key.upper()
+        return self.environ[name] if name in self.environ else self.table.get(key)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.table, Mapping):
+            raise UsageError(f"imageforge in the invoke config is {self.table!r:.40}, not a table "
+                             "of settings; write `imageforge:` with `key: value` lines under it "
+                             "in invoke.yaml.")
+        for key, value in self.table.items():
+            # stage_dirs and rewrite take lists too, and say so where they are read.
+            if key in CONFIG_DEFAULTS and key not in LIST_SETTINGS \
+                    and not (value is None or isinstance(value, str)):
+                raise UsageError(f"imageforge.{key} in the invoke config is {value!r:.60}; give "
+                                 "a string in invoke.yaml.")
         # invoke keeps unknown keys and ignores unknown INVOKE_* variables: a misspelt setting
         # would otherwise be dropped without a word.
         for key in self.table:
@@ -90,6 +108,8 @@ class Config:
 
 
 ENV_PREFIX = "INVOKE_IMAGEFORGE_"
+# Settings that take lists as well as strings (stage_dirs(), parse_rewrites() check them).
+LIST_SETTINGS = ("stage_dirs", "rewrite")
 
 
 def _closest(word: str, choices: list[str]) -> str:
@@ -125,8 +145,8 @@ def settings(config: Config, flags: Flags = Flags(), *,
         # Anything else with a scheme would be read as a relative directory named "ftp:".
         raise UsageError(f"--mirror {flags.mirror}: give a directory mirror.sync wrote, or an "
                          "http(s):// or file:// URL serving one.")
-    rewrites = parse_rewrites(config.table.get("rewrite"))
-    registry = config.discover(stage_dirs(config.table.get("stage_dirs")))
+    rewrites = parse_rewrites(config.value("rewrite"))
+    registry = config.discover(stage_dirs(config.value("stage_dirs")))
     code, _ = code_overrides(flags.code, flags.program, None, registry)
     return project.Settings(
         manifest=manifest,

@@ -284,3 +284,41 @@ def test_a_cache_dir_that_cannot_be_one_is_exit_9_naming_the_setting(
     assert result.stdout == ""
     setting = "imageforge.cache_dir (invoke.yaml or INVOKE_IMAGEFORGE_CACHE_DIR)"
     assert result.stderr.splitlines()[-1].startswith(f"imageforge: {setting} = {cache}: ")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("imageforge:\n  cache_dir: [1, 2]\n", "imageforge.cache_dir in the invoke config is [1, 2]"),
+    ("imageforge:\n  manifest: 7\n", "imageforge.manifest in the invoke config is 7"),
+    ("imageforge: 5\n", "imageforge in the invoke config is 5, not a table"),
+    ("imageforge:\n  remote: {a: 1}\n", "imageforge.remote in the invoke config is {'a': 1}"),
+    ("imageforge: {cache_dir: \"x\"\n", "line 2: not valid YAML (expected ',' or '}'"),
+    ("imageforge:\n  cache_dir: \"x\n", "line 3: not valid YAML (found unexpected end"),
+])
+def test_a_broken_or_wrongly_typed_invoke_config_is_one_sentence(tmp_path: Path, text: str,
+                                                                 says: str) -> None:
+    """These were tracebacks, some from invoke's own merge of declared defaults."""
+    config = tmp_path / "invoke.yaml"
+    config.write_text(text)
+    result = invoke("-f", str(config), "plan")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("imageforge: ")
+    assert says in line
+
+
+def test_a_setting_from_the_environment_beats_invoke_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "invoke.yaml"
+    config.write_text(f"imageforge:\n  cache_dir: {tmp_path / 'from-yaml'}\n")
+    (tmp_path / "from-yaml").write_text("a file: not a cache")
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path / "from-env")}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "-f", str(config),
+                             "cache.ls"], cwd=ROOT, capture_output=True, text=True, env=env,
+                            check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"in {tmp_path / 'from-env'}/artifacts" in result.stdout
+    yaml_only = invoke("-f", str(config), "cache.ls")
+    assert yaml_only.returncode == 9
+    assert "from-yaml: is not a directory" in yaml_only.stderr
