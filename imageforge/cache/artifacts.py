@@ -95,6 +95,12 @@ class ArtifactStore:
             return None
         except (OSError, ValueError):
             return None
+        why = _meta_problem(data, key)
+        if why:
+            # A record is input like any file: one it cannot read is a stage to rebuild.
+            log.warning(f"{meta}: {why}; ignoring that artifact (its stage builds again; "
+                        "`invoke cache.prune` removes what nothing uses).")
+            return None
         if data.get("image") and self.images is None:
             return None
         return Entry(path=meta.parent, **data)
@@ -382,10 +388,35 @@ def _top_digest(layout: Path) -> str:
 
 def _image_of(entry_path: Path) -> str | None:
     try:
-        image = json.loads((entry_path / "meta.json").read_text()).get("image")
+        data = json.loads((entry_path / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-    return str(image) if image else None
+    image = data.get("image") if isinstance(data, dict) else None
+    return image if isinstance(image, str) and image else None
+
+
+# meta.json's keys and the types each must have (Entry's fields, its path aside).
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "key": (str,), "stage": (str,), "inputs": (dict,), "size": (int,), "digest": (str,),
+    "build_seconds": (int, float), "created": (int, float), "last_used": (int, float),
+    "hits": (int,), "image": (str, type(None))}
+
+
+def _meta_problem(data: Any, key: str) -> str | None:
+    """Why an entry's meta.json cannot be an Entry for `key`, or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    missing = sorted(set(_META_TYPES) - set(data) - {"image"})
+    unknown = sorted(set(data) - set(_META_TYPES))
+    if missing or unknown:
+        return f"keys {missing or unknown} {'missing' if missing else 'unknown'}"
+    for name, types in _META_TYPES.items():
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, types):
+            return f"{name} is {value!r:.40}"
+    if data["key"] != key:
+        return f"it names key {data['key'][:19]}, not its own {key[:19]}"
+    return None
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

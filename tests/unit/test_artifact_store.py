@@ -7,6 +7,7 @@ Locks are real flock locks held by a second process."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -251,3 +252,40 @@ def test_prune_waits_for_a_build_that_holds_the_key_lock(tmp_path: Path) -> None
     assert out == "removed busy idle\n"
     assert s.names() == []
     assert_cache_consistent(s.cache)
+
+
+META_KEY = "sha256:" + "c" * 64
+GOOD_META = {"key": META_KEY, "stage": "efa", "inputs": {}, "size": 10,
+             "digest": "sha256:" + "d" * 64, "build_seconds": 1.5, "created": 1.0,
+             "last_used": 2.0, "hits": 0, "image": None}
+
+
+@pytest.mark.parametrize("meta", [
+    [1, 2], "text", {**GOOD_META, "size": "10"}, {**GOOD_META, "hits": True},
+    {k: v for k, v in GOOD_META.items() if k != "stage"}, {**GOOD_META, "extra": 1},
+    {**GOOD_META, "key": "sha256:" + "e" * 64}, {**GOOD_META, "inputs": []},
+])
+def test_a_meta_json_of_the_wrong_shape_is_no_entry_and_no_traceback(
+        tmp_path: Path, meta: object) -> None:
+    """cache.ls and plan raised TypeError/AttributeError on such a record."""
+    entry = tmp_path / "cache" / "artifacts" / "entries" / ("c" * 64)
+    entry.mkdir(parents=True)
+    (entry / "meta.json").write_text(json.dumps(meta))
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "cache.ls",
+                             "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{entry / 'meta.json'}: " in result.stderr
+    assert json.loads(result.stdout) == []
+
+
+def test_a_well_formed_meta_json_is_an_entry(tmp_path: Path) -> None:
+    entry = tmp_path / "entries" / ("c" * 64)
+    entry.mkdir(parents=True)
+    (entry / "meta.json").write_text(json.dumps(GOOD_META))
+    found = ArtifactStore(tmp_path, images=None).get(META_KEY)
+    assert found is not None
+    assert (found.stage, found.size) == ("efa", 10)
