@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from imageforge import jsonfile
+from imageforge import jsonfile, log
 from imageforge.image.checks import NEEDS_HARDWARE, CheckResult, CheckRun
 from imageforge.image.smoke import VERSION_MARK
 
@@ -163,8 +163,16 @@ def passed_record(cache_dir: Path, digest: str) -> dict[str, Any] | None:
     path = record_path(cache_dir, digest)
     if not path.exists():
         return None
-    record: dict[str, Any] = json.loads(path.read_text())
-    return record if record.get("passed") and record.get("digest") == digest else None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        # Corrupt or unreadable: no proof the image passed, which `promote` then says.
+        log.warning(f"{path}: not a test record imageforge wrote ({exc}); ignoring it.")
+        return None
+    if not isinstance(record, dict):
+        log.warning(f"{path}: not a test record imageforge wrote; ignoring it.")
+        return None
+    return record if record.get("passed") is True and record.get("digest") == digest else None
 
 
 def _write(path: Path, text: str) -> None:

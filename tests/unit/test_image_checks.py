@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -348,3 +349,20 @@ def test_build_skips_checks_with_no_test_push_or_a_builder_target(
     built(monkeypatch, sample_run(failing=False))
     tasks.build(context, target="smddp")
     assert (tmp_path / "tests" / f"{sample_run(failing=False).digest}.json").exists()
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '"passed"', '{"passed": "yes"}'])
+def test_a_corrupt_test_record_is_no_proof_and_no_traceback(tmp_path: Path, text: str) -> None:
+    """`promote` raised JSONDecodeError or AttributeError on a record like these."""
+    digest = "sha256:" + "b" * 64
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / f"{digest}.json").write_text(text)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(root), "promote",
+                             "--image", f"127.0.0.1:9/x@{digest}", "--tag", "golden"],
+                            cwd=root, env=env, capture_output=True, text=True, check=False,
+                            timeout=120)
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 10, result.stderr
+    assert f"{digest} has no passing `invoke test-image` record" in result.stderr
