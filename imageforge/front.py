@@ -182,6 +182,17 @@ def cache_dir(config: Config) -> Path:
     return path
 
 
+def ca_bundle(config: Config, flag: str | None) -> Path | None:
+    """--ca-bundle, else imageforge.ca_bundle, else the environment's; a bad one is blamed on
+    whichever gave it."""
+    from imageforge.sources import cabundle
+
+    if flag is not None:
+        return cabundle.resolve(flag, "--ca-bundle")
+    return cabundle.resolve(config.get("ca_bundle"),
+                            "imageforge.ca_bundle (invoke.yaml or INVOKE_IMAGEFORGE_CA_BUNDLE)")
+
+
 def cache_trust(config: Config) -> str:
     from imageforge.cache.verified import TRUST
 
@@ -513,7 +524,6 @@ def verify(config: Config, flags: Flags, target: str | None, stages: Sequence[st
     """`invoke verify --rebuild`: the lines to print, then NotReproducibleError naming the
     first stage whose rebuild differs from its stored artifact (or from `image`)."""
     from imageforge.buildkit import verify as verify_mod
-    from imageforge.sources import cabundle
 
     if not rebuild:
         raise UsageError("verify needs --rebuild: it builds the stages again from scratch and "
@@ -522,7 +532,7 @@ def verify(config: Config, flags: Flags, target: str | None, stages: Sequence[st
         raise UsageError(f"verify --image {image}: the image's labels name its target and "
                          "stages; drop --target and --stage.")
     s = settings(config, flags)
-    bundle = cabundle.resolve(pick(None, config, "ca_bundle"))
+    bundle = ca_bundle(config, None)
     if image:
         from imageforge.buildkit.verifyimage import verify_image
 
@@ -579,7 +589,6 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     from imageforge.buildkit import export
     from imageforge.buildkit.results import BuildOptions
     from imageforge.image.buildreport import markdown_summary, summary
-    from imageforge.sources import cabundle
 
     progress = progress_mode(request.progress)
     code_flags(flags.code, flags.program)
@@ -589,7 +598,7 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
                          "image would be pushed to Docker Hub under its default name.")
     if request.tag:
         image_tag("--tag", request.tag)
-    bundle = cabundle.resolve(pick(request.ca_bundle, config, "ca_bundle"))
+    bundle = ca_bundle(config, request.ca_bundle)
     s = settings(config, flags, layer_cache=True)
     _, code_target = code_overrides(flags.code, flags.program, request.target, s.registry)
     target = _target(s, code_target)
@@ -860,13 +869,12 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
     from imageforge.buildkit.results import BuildOptions
     from imageforge.image.buildreport import summary
     from imageforge.model import matrix as matrix_mod
-    from imageforge.sources import cabundle
 
     path = _matrix_file(file, "matrix.build")
     mode = progress_mode(progress)
     # As `build` does: without it a pip step behind a TLS-intercepting proxy fails, unless
     # BuildKit's layer cache happens to hold that step already.
-    bundle = cabundle.resolve(pick(None, config, "ca_bundle"))
+    bundle = ca_bundle(config, None)
     entries = matrix_mod.load(path)
     results: list[dict[str, Any]] = []
     for entry in entries:

@@ -17,11 +17,12 @@ SYSTEM_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"),
                   Path("/etc/pki/tls/certs/ca-bundle.crt"))
 
 
-def resolve(value: str | None) -> Path | None:
-    """`value` as given ("none" turns it off); by default SSL_CERT_FILE, REQUESTS_CA_BUNDLE or
-    the system bundle, whichever is set first."""
+def resolve(value: str | None, given_by: str = "--ca-bundle") -> Path | None:
+    """`value` as given ("none" turns it off), by the flag or setting `given_by` that errors
+    name; by default SSL_CERT_FILE, REQUESTS_CA_BUNDLE or the system bundle, whichever is set
+    first."""
     if value is not None:
-        return None if value.strip().lower() == "none" else _checked(Path(value), "--ca-bundle")
+        return None if value.strip().lower() == "none" else _checked(Path(value), given_by)
     for variable in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
         if os.environ.get(variable):
             return _checked(Path(os.environ[variable]), variable)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from imageforge.errors import ManifestError, UsageError
+from imageforge import front
 from imageforge.front import code_overrides
 from imageforge.model import extends
 from imageforge.model.manifest import load
@@ -263,6 +264,12 @@ def test_ca_bundle_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         cabundle.resolve(str(tmp_path / "key.txt"))
     with pytest.raises(ManifestError, match=r"--ca-bundle .*missing\.pem: cannot read it"):
         cabundle.resolve(str(tmp_path / "missing.pem"))
+    # Given by a setting, not the flag: the error names the setting.
+    with pytest.raises(ManifestError, match=r"^imageforge\.ca_bundle \(invoke\.yaml or "
+                                            r"INVOKE_IMAGEFORGE_CA_BUNDLE\) .*missing\.pem"):
+        front.ca_bundle(front.Config(discover=lambda _dirs: STAGES,
+                                     environ={"INVOKE_IMAGEFORGE_CA_BUNDLE":
+                                              str(tmp_path / "missing.pem")}), None)
     monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
     assert cabundle.resolve(None) == bundle.resolve()
     monkeypatch.delenv("SSL_CERT_FILE")
