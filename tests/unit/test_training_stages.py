@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from imageforge.errors import ManifestError, UsageError
 from imageforge import front
+from imageforge.errors import ManifestError, UsageError
 from imageforge.front import code_overrides
 from imageforge.model import extends
 from imageforge.model.manifest import load
