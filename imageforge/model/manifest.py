@@ -95,7 +95,34 @@ def load(path: Path, overrides: Sequence[str] = (), *, registry: Mapping[str, St
     where = _Locator(path, text, {}, effective.origins)
     for override in overrides:
         where.overrides[_apply_override(document, override, registry)] = override
+    _pins_still_match(document, where, registry)
     return _validate(document, where, registry)
+
+
+def _pins_still_match(document: Mapping[str, Any], where: _Locator,
+                      registry: Mapping[str, Stage]) -> None:
+    """Refuse a --set that moves a source (its version, url, repo or ref) away from the sha256
+    or commit the manifest file pins for it: the download would fail as a checksum mismatch
+    blamed on upstream, or git would check out the old commit."""
+    for name, table in document.get("stages", {}).items():
+        stage = registry.get(name)
+        if stage is None or not isinstance(table, dict):
+            continue
+        for key, field in stage.fields.items():
+            pin = field.locates
+            if not pin or f"stages.{name}.{pin}" in where.overrides or table.get(pin) is None:
+                continue
+            location = table.get(key, field.default)
+            moved = [f"stages.{name}.{key}"] if f"stages.{name}.{key}" in where.overrides else []
+            if "{version" in str(location) and f"stages.{name}.version" in where.overrides:
+                moved.append(f"stages.{name}.version")
+            if moved:
+                given = where.overrides[moved[0]]
+                raise ManifestError(
+                    f"--set {given} moves stages.{name}.{key}, but {where(f'stages.{name}.{pin}')}"
+                    f" pins the {pin} of the old one; also --set stages.{name}.{pin}=<the new "
+                    f"{'file' if pin == 'sha256' else 'ref'}'s {pin}>, or remove that pin "
+                    "from the manifest and run `invoke lock`.")
 
 
 def show(path: Path, overrides: Sequence[str] = (), *,
