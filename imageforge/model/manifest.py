@@ -101,9 +101,10 @@ def load(path: Path, overrides: Sequence[str] = (), *, registry: Mapping[str, St
 
 def _pins_still_match(document: Mapping[str, Any], where: _Locator,
                       registry: Mapping[str, Stage]) -> None:
-    """Refuse a --set that moves a source (its version, url, repo or ref) away from the sha256
-    or commit the manifest file pins for it: the download would fail as a checksum mismatch
-    blamed on upstream, or git would check out the old commit."""
+    """Refuse a --set of a version that moves a source (a url, repo or ref naming `{version}`)
+    away from the sha256 or commit the manifest file pins for it: the download would fail as
+    a checksum mismatch blamed on upstream, or git would check out the old commit. A new url
+    or ref alone may be a mirror of the same bytes or another name of the same commit."""
     for name, table in document.get("stages", {}).items():
         stage = registry.get(name)
         if stage is None or not isinstance(table, dict):
@@ -113,11 +114,8 @@ def _pins_still_match(document: Mapping[str, Any], where: _Locator,
             if not pin or f"stages.{name}.{pin}" in where.overrides or table.get(pin) is None:
                 continue
             location = table.get(key, field.default)
-            moved = [f"stages.{name}.{key}"] if f"stages.{name}.{key}" in where.overrides else []
             if "{version" in str(location) and f"stages.{name}.version" in where.overrides:
-                moved.append(f"stages.{name}.version")
-            if moved:
-                given = where.overrides[moved[0]]
+                given = where.overrides[f"stages.{name}.version"]
                 raise ManifestError(
                     f"--set {given} moves stages.{name}.{key}, but {where(f'stages.{name}.{pin}')}"
                     f" pins the {pin} of the old one; also --set stages.{name}.{pin}=<the new "

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,22 @@ def test_a_pin_changes_its_stage_and_dependents_only(manifest: Path, target: str
     loaded = load(manifest, registry=STAGES)
     current = loaded.stages.get(stage, {}).get(key, field.default)
     before = keys(manifest, target)
-    after = keys(manifest, target, (f"stages.{stage}.{key}={changed_value(field, current)}",))
+    after = keys(manifest, target, (f"stages.{stage}.{key}={changed_value(field, current)}",
+                                     *new_pins(manifest, stage, key)))
     moved = {n for n in before if before[n] != after[n]}
     assert moved == dependents(stage, target)
+
+
+def new_pins(manifest: Path, stage: str, key: str) -> list[str]:
+    """A new version moves a file the manifest pins by sha256 (or a ref it pins by commit):
+    the --set must give the new pin too (tests/unit/test_pinned_moves.py)."""
+    table = tomllib.loads(manifest.read_text()).get("stages", {}).get(stage, {})
+    if key != "version":
+        return []
+    return [f"stages.{stage}.{field.locates}={CHANGED[STAGES[stage].fields[field.locates].kind]}"
+            for name, field in STAGES[stage].fields.items()
+            if field.locates and field.locates in table
+            and "{version" in str(table.get(name, field.default))]
 
 
 @pytest.mark.parametrize(("manifest", "target", "stage", "key"), stage_pins(keyed=False),
