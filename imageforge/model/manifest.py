@@ -95,16 +95,23 @@ def load(path: Path, overrides: Sequence[str] = (), *, registry: Mapping[str, St
     where = _Locator(path, text, {}, effective.origins)
     for override in overrides:
         where.overrides[_apply_override(document, override, registry)] = override
-    _pins_still_match(document, where, registry)
     return _validate(document, where, registry)
 
 
-def _pins_still_match(document: Mapping[str, Any], where: _Locator,
+def refuse_moved_pins(path: Path, overrides: Sequence[str], *,
                       registry: Mapping[str, Stage]) -> None:
-    """Refuse a --set of a version that moves a source (a url, repo or ref naming `{version}`)
-    away from the sha256 or commit the manifest file pins for it: the download would fail as
-    a checksum mismatch blamed on upstream, or git would check out the old commit. A new url
-    or ref alone may be a mirror of the same bytes or another name of the same commit."""
+    """For the commands that fetch (build, fetch): refuse a --set of a version that moves a
+    source (a url, repo or ref naming `{version}`) away from the sha256 or commit the manifest
+    file pins for it. The download would fail as a checksum mismatch blamed on upstream, or git
+    would check out the old commit. A new url or ref alone may be a mirror of the same bytes or
+    another name of the same commit; commands that download nothing (check, plan, render)
+    still show such a manifest."""
+    text = _read(path)
+    effective = inherit.read(path, text, tomllib.loads(text))
+    document = effective.document
+    where = _Locator(path, text, {}, effective.origins)
+    for override in overrides:
+        where.overrides[_apply_override(document, override, registry)] = override
     for name, table in document.get("stages", {}).items():
         stage = registry.get(name)
         if stage is None or not isinstance(table, dict):

@@ -20,10 +20,11 @@ from imageforge.cache.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.errors import ManifestError, UsageError
 from imageforge.model import extends
 from imageforge.model import manifest as manifest_mod
-from imageforge.model.manifest import Manifest
+from imageforge.model.manifest import Manifest, refuse_moved_pins
 from imageforge.model.manifestlock import ManifestLock, open_manifest
 from imageforge.model.stage import Stage
 from imageforge.planning import compat, rules
+from imageforge.planning.dag import closure
 from imageforge.planning.execute import is_external
 from imageforge.planning.plan import Plan, Status, defined_targets, make_plan
 from imageforge.planning.render import render_dockerfile
@@ -73,11 +74,14 @@ def _reopen(settings: Settings) -> None:
     settings.__dict__.pop("opened", None)
 
 
-def load_manifest(settings: Settings, *, resolve: bool = False) -> Manifest:
+def load_manifest(settings: Settings, *, resolve: bool = False,
+                  target: str | None = None) -> Manifest:
     """The manifest with --set overrides, its lock applied entry by entry, and the digest of
     the user's code. `resolve` (build, fetch): the lock's stale entries are resolved upstream
-    for this run; otherwise they stay unpinned, and their stages are keyed by location."""
-    return prepare(settle(settings, resolve=resolve).manifest, settings.registry)
+    for this run, only those of `target`'s stages when one is given; otherwise they stay
+    unpinned, and their stages are keyed by location."""
+    return prepare(settle(settings, resolve=resolve, target=target).manifest,
+                   settings.registry)
 
 
 def prepare(manifest: Manifest, registry: Mapping[str, Stage]) -> Manifest:
@@ -90,20 +94,27 @@ def prepare(manifest: Manifest, registry: Mapping[str, Stage]) -> Manifest:
     return dataclasses.replace(manifest, stages=tables) if tables != manifest.stages else manifest
 
 
-def settle(settings: Settings, *, resolve: bool) -> lock.Settled:
-    """The lock applied to the effective manifest, after every compatibility rule passed."""
+def settle(settings: Settings, *, resolve: bool, target: str | None = None) -> lock.Settled:
+    """The lock applied to the effective manifest, after every compatibility rule passed.
+    With `target`, only its stages' entries are resolved upstream: a one-stage fetch from a
+    mirror must not need every other upstream."""
     opened = settings.opened
     loaded, path, current = opened.manifest, opened.path, opened.lock
     local = local_ids(settings, "record" if resolve else "read")
     settled = lock.settle(loaded, current, settings.registry, local_id=local)
     rule_verdict(settled.manifest, settled.pins(), settings.registry)
+    if resolve:
+        # Before anything is downloaded: the download would fail blamed on upstream.
+        refuse_moved_pins(settings.manifest, settings.overrides,
+                          registry=settings.registry)
     if settings.locked:
         opened.check()
     elif resolve and settled.unresolved:
         # Only now, after the rules passed: resolving may download.
         pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
         resolver = lock.Upstream(cache=source_cache(settings), stages=settings.registry)
-        settled = lock.settle(loaded, current, settings.registry, resolver, local)
+        only = set(closure(target, settings.registry)) if target else None
+        settled = lock.settle(loaded, current, settings.registry, resolver, local, only=only)
         rule_verdict(settled.manifest, settled.pins(), settings.registry)
     _tell_stale(path, current, settled, resolved=resolve)
     return settled
@@ -164,7 +175,7 @@ def plan(settings: Settings, target: str, *, remote: Remote | None = None,
          resolve: bool = False) -> Plan:
     """The plan with each stage's status: in the local artifact store, in the remote one,
     or to be built. `resolve`: see load_manifest."""
-    loaded = load_manifest(settings, resolve=resolve)
+    loaded = load_manifest(settings, resolve=resolve, target=target)
     planned = make_plan(loaded, target, registry_for(settings, loaded))
     return with_statuses(planned, artifact_store(settings), remote)
 

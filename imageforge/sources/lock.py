@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -225,9 +225,12 @@ class Settled:
 class _Walk:
     """Goes through the entries a manifest needs, in the order their "from" is known."""
 
-    def __init__(self, lock: Lock | None, resolver: Resolver | None) -> None:
+    def __init__(self, lock: Lock | None, resolver: Resolver | None,
+                 resolvable: Callable[[EntryPath], bool] = lambda _path: True) -> None:
         self.old = dict(lock.entries) if lock else {}
         self.resolver = resolver
+        # Entries the resolver may be asked for (those of one target's stages).
+        self.resolvable = resolvable
         self.entries: dict[EntryPath, Entry] = {}
         self.stale: list[EntryPath] = []
         self.unresolved: list[EntryPath] = []
@@ -256,7 +259,7 @@ class _Walk:
             pin = known
         elif current is not None and not (self.resolver and self.resolver.revisit):
             pin = current.pin
-        elif self.resolver is not None:
+        elif self.resolver is not None and self.resolvable(path):
             pin = resolve(self.resolver, current)
         else:
             self.unresolved.append(path)
@@ -271,10 +274,22 @@ class _Walk:
 
 
 def settle(manifest: Manifest, lock: Lock | None, stages: Mapping[str, Stage],
-           resolver: Resolver | None = None, local_id: LocalId | None = None) -> Settled:
+           resolver: Resolver | None = None, local_id: LocalId | None = None, *,
+           only: Set[str] | None = None) -> Settled:
     """`manifest` with its lock applied entry by entry. Stale entries are resolved by
-    `resolver`, or left unpinned without one (plans then key those stages by location)."""
-    walk = _Walk(lock, resolver)
+    `resolver` (only those of the stages in `only`, when given), or left unpinned without one
+    (plans then key those stages by location)."""
+    owners = {pin.entry: name for name, stage in stages.items() for pin in stage.lock_pins}
+
+    def resolvable(path: EntryPath) -> bool:
+        if only is None:
+            return True
+        if path[0] in (STAGES, PIP, UPGRADED):
+            return path[1] in only
+        owner = owners.get(path[0])   # a stage's lock pin; base and extends are everyone's
+        return owner is None or owner in only
+
+    walk = _Walk(lock, resolver, resolvable)
     manifest = _settle_extends(walk, manifest)
     registry = extends.registry(stages, manifest)
     names = defined_stages(manifest, registry)

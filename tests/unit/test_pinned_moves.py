@@ -4,12 +4,15 @@ stages.efa.version=1.15.1` on the sample failed as a checksum mismatch blamed on
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from imageforge.errors import ManifestError
-from imageforge.model.manifest import load
+from imageforge.model.manifest import load, refuse_moved_pins
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +34,10 @@ COMMIT = "b" * 40
 ])
 def test_moving_a_pinned_source_needs_its_new_pin(sets: tuple[str, ...], says: str) -> None:
     with pytest.raises(ManifestError) as caught:
-        load(SAMPLE, sets, registry=STAGES)
+        refuse_moved_pins(SAMPLE, sets, registry=STAGES)
     assert says in str(caught.value)
+    # What downloads nothing still shows it (plan, check, render, the compatibility rules).
+    assert load(SAMPLE, sets, registry=STAGES).stages
 
 
 @pytest.mark.parametrize("sets", [
@@ -44,5 +49,19 @@ def test_moving_a_pinned_source_needs_its_new_pin(sets: tuple[str, ...], says: s
     ("stages.aws-ofi-nccl.ref=release-1.1.3",),
 ])
 def test_a_move_with_its_new_pin_or_an_unrelated_set_is_fine(sets: tuple[str, ...]) -> None:
+    refuse_moved_pins(SAMPLE, sets, registry=STAGES)
     loaded = load(SAMPLE, sets, registry=STAGES)
     assert loaded.stages["efa"]["version"] in ("1.14.1", "1.15.1")
+
+
+def test_fetch_refuses_before_downloading(tmp_path: Path) -> None:
+    """The sample's upstream is not served here: the refusal comes before any download."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "fetch",
+                             "--target", "efa", "--manifest", str(SAMPLE), "--set",
+                             "stages.efa.version=1.15.1"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, check=False, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1].startswith(
+        "imageforge: --set stages.efa.version=1.15.1 moves stages.efa.url, but ")
+    assert not (tmp_path / "sources").exists() or not any((tmp_path / "sources").rglob("*.tar.gz"))
