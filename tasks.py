@@ -293,7 +293,7 @@ def test_image(c: Context, target: str | None = None, image: str | None = None,
 @task
 @boundary
 def docs(c: Context) -> None:
-    """Regenerate the manifest reference (README.md, docs/manifest.md) from the stages."""
+    """Regenerate the manifest reference (docs/manifest.md) from the stages."""
     for line in front.docs(STAGES):
         print(line)
 

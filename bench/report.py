@@ -181,19 +181,20 @@ def plan_table(rows: Sequence[Mapping[str, Any]]) -> str:
         right=(0, 2, 3, 4, 5, 6))
 
 
-README_START = "<!-- bench:start (written by `invoke bench`) -->"
-README_END = "<!-- bench:end -->"
+# docs/bench.md holds the latest tables between these markers; the rest of that page is prose.
+TABLES_START = "<!-- bench:start (written by `invoke bench`) -->"
+TABLES_END = "<!-- bench:end -->"
 
 
-def update_readme(path: Path, tables: str, seconds_in_all: float) -> bool:
-    """Replace the generated block of the README's benchmark section with this run's tables;
-    False (and nothing written) when the README has no such block."""
+def update_tables(path: Path, tables: str, seconds_in_all: float) -> bool:
+    """Replace the generated block of the benchmark page (docs/bench.md) with this run's
+    tables; False (and nothing written) when the page has no such block."""
     text = path.read_text()
-    if README_START not in text or README_END not in text:
+    if TABLES_START not in text or TABLES_END not in text:
         return False
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    block = (f"{README_START}\nLatest run (`invoke bench` took {seconds_in_all:.0f} s; its "
-             f"host is in bench/results.json):\n\n{tables.rstrip()}\n{README_END}")
+    head, rest = text.split(TABLES_START, 1)
+    _, tail = rest.split(TABLES_END, 1)
+    block = (f"{TABLES_START}\nLatest run (`invoke bench` took {seconds_in_all:.0f} s; its "
+             f"host is in bench/results.json):\n\n{tables.rstrip()}\n{TABLES_END}")
     path.write_text(head + block + tail)
     return True

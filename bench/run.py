@@ -48,7 +48,7 @@ from bench.report import (
     scenario_table,
     seconds,
     targets_table,
-    update_readme,
+    update_tables,
 )
 from imageforge.errors import FatalError
 from imageforge.model.stage import filename_of
@@ -592,10 +592,10 @@ def run_benchmark(options: Options) -> str:
         raise BenchError(f"{len(failed)} target(s) failed: {'; '.join(failed)} (see "
                          f"{_shown(options.out)}); a one-pin change must rebuild exactly what "
                          "the stage graph predicts.")
-    # Only a run that passed, with its builds, replaces the README's tables.
-    readme = ROOT / "README.md"
-    if options.builds and update_readme(readme, text, result["total_seconds"]):
-        text += f"\n\nupdated the benchmark tables in {_shown(readme)}"
+    # Only a run that passed, with its builds, replaces the tables of the benchmark page.
+    page = ROOT / "docs" / "bench.md"
+    if options.builds and update_tables(page, text, result["total_seconds"]):
+        text += f"\n\nupdated the benchmark tables in {_shown(page)}"
     return text + f"\n\nwrote {_shown(options.out)} ({result['total_seconds']:.0f} s in all)"
 
 

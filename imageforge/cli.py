@@ -23,6 +23,8 @@ def main() -> None:
     uptodate.start_watching()
     if uptodate.answer(sys.argv[1:]):
         return
+    from importlib.metadata import PackageNotFoundError, version
+
     from invoke.program import Program
 
     tasks_file = ROOT / "tasks.py"
@@ -41,4 +43,9 @@ def main() -> None:
     namespace = module.ns
     # The project configuration (invoke.yaml) beside tasks.py, as invoke finds it there.
     namespace.loaded_from = str(ROOT)
-    Program(namespace=namespace, name="imageforge", binary="imageforge").run()
+    # Without a version invoke's `--version` prints "unknown"; the installed package knows it.
+    try:
+        release = version("imageforge")
+    except PackageNotFoundError:
+        release = "unknown"
+    Program(namespace=namespace, name="imageforge", binary="imageforge", version=release).run()

@@ -1,4 +1,4 @@
-"""Where `make test`'s time goes, per module: the table README.md shows.
+"""Where `make test`'s time goes, per module: the table docs/testing.md shows.
 
 Usage: .venv/bin/python scripts/test_durations.py [JUNIT_XML] [--top N]
 

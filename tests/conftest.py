@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# Modules measured longest (README, "The test suite"), handed out in this order; the rest
+# Modules measured longest (docs/testing.md), handed out in this order; the rest
 # follow in collection order.
 LONGEST_FIRST = ("test_real_parts", "test_verify_rebuild", "test_cache", "test_ci_pipeline",
                  "test_faults", "test_build", "test_runlocal_job", "test_training_contract",

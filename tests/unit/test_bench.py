@@ -360,22 +360,29 @@ def test_synthetic_graph_needs_three_stages() -> None:
         synthetic_registry(10, seed=1, shape="tall")
 
 
-def test_a_run_rewrites_only_the_readme_block_between_its_markers(tmp_path: Path) -> None:
-    from bench.report import README_END, README_START, update_readme
+def test_a_run_rewrites_only_the_block_between_its_markers(tmp_path: Path) -> None:
+    from bench.report import TABLES_END, TABLES_START, update_tables
 
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{README_START}\nold tables\n{README_END}\n\nafter\n")
-    assert update_readme(readme, "| new | table |\n", 603)
-    text = readme.read_text()
+    page = tmp_path / "bench.md"
+    page.write_text(f"intro\n{TABLES_START}\nold tables\n{TABLES_END}\n\nafter\n")
+    assert update_tables(page, "| new | table |\n", 603)
+    text = page.read_text()
     assert "old tables" not in text
     assert "| new | table |" in text
     assert "603 s" in text
     assert text.startswith("intro\n")
-    assert text.endswith(f"{README_END}\n\nafter\n")
+    assert text.endswith(f"{TABLES_END}\n\nafter\n")
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
-    assert not update_readme(plain, "| t |", 1)
+    assert not update_tables(plain, "| t |", 1)
     assert plain.read_text() == "no markers\n"
+
+
+def test_the_benchmark_page_has_the_block_a_run_rewrites() -> None:
+    from bench.report import TABLES_END, TABLES_START
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "bench.md").read_text()
+    assert text.index(TABLES_START) < text.index(TABLES_END)
 
 
 def test_the_large_wide_graph_has_its_time_and_memory_target() -> None:

@@ -114,7 +114,7 @@ def test_overrides_change_the_manifest_digest() -> None:
     assert plain.digest() != changed.digest()
 
 
-# What README.md's manifest table says each shipped manifest pins (CUDA, Python, the
+# What docs/manifests.md's table says each shipped manifest pins (CUDA, Python, the
 # versions of its stages) and the rules it waives on purpose.
 SHIPPED = [
     ("smddp.toml", "11.3", "3.8",
