@@ -11,20 +11,17 @@ import functools
 import json as jsonlib
 import os
 import signal
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
-from invoke.vendor.yaml import YAMLError
 
-from imageforge import front
+from imageforge import exits, front
 from imageforge.cache import diskfull
 from imageforge.errors import FatalError, UsageError
 from stages import STAGES, discover
@@ -41,42 +38,12 @@ MIRROR_HELP = ("fetch only from this mirror (a directory or URL made by mirror.s
 TARGET_DEFAULT = "default: the image the manifest defines"
 
 
-def _config_file_error(kind: type[BaseException], exc: BaseException,
-                       trace: TracebackType | None) -> None:
-    """invoke reads invoke.yaml (and `-f FILE`) after importing this module and before any
-    task runs, outside `boundary`: broken YAML there is one sentence naming the file and line
-    (exit 1), not invoke's traceback."""
-    if isinstance(exc, YAMLError):
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{mark.name}, line {mark.line + 1}" if mark else "the invoke configuration"
-        why = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        print(f"imageforge: {where}: not valid YAML ({why}); fix the file.", file=sys.stderr)
-        return
-    sys.__excepthook__(kind, exc, trace)
-
-
-sys.excepthook = _config_file_error
+# invoke reads invoke.yaml after importing this module: see exits.config_file_error.
+sys.excepthook = exits.config_file_error
 
 
 def _terminate(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
-
-
-EXIT_PIPE = 141
-
-
-def output_full() -> bool:
-    """Whether standard output is what ran out of space: a device such as /dev/full, or a
-    file on a disk with next to nothing left (not the cache's disk, which gets its own
-    message)."""
-    try:
-        info = os.fstat(sys.stdout.fileno())
-        if stat.S_ISCHR(info.st_mode):
-            return not os.isatty(sys.stdout.fileno())
-        room = os.fstatvfs(sys.stdout.fileno())
-    except (OSError, ValueError):
-        return False
-    return stat.S_ISREG(info.st_mode) and room.f_bavail * room.f_frsize < 1 << 20
 
 
 def boundary(func: F) -> F:
@@ -99,9 +66,9 @@ def boundary(func: F) -> F:
             # would (128 + SIGPIPE), without a traceback, and without the interpreter's own
             # complaint when it flushes the dead pipe at exit.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise Exit(code=EXIT_PIPE) from None
+            raise Exit(code=exits.EXIT_PIPE) from None
         except OSError as exc:
-            if diskfull.is_full(exc) and exc.filename is None and output_full():
+            if diskfull.is_full(exc) and exc.filename is None and exits.output_full():
                 raise Exit("imageforge: standard output: no space left on its device; send "
                            "the output somewhere with room.",
                            code=UsageError.return_code) from None

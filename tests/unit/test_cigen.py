@@ -174,7 +174,8 @@ def test_a_job_refuses_a_key_other_than_the_one_it_was_generated_for(tmp_path: P
     settings = project.Settings(registry=STAGES, manifest=SAMPLE, cache_dir=tmp_path / "cache")
     key = project.plan(settings, "boost").key
     moved = project.Settings(registry=STAGES,
-                             manifest=SAMPLE, overrides=("stages.boost.version=1.74.0",),
+                             manifest=SAMPLE, overrides=("stages.boost.version=1.74.0",
+                                                         "stages.boost.sha256=" + "e" * 64),
                              cache_dir=tmp_path / "cache")
     with pytest.raises(LockError) as caught:
         build(moved, BuildOptions(target="boost", expect_key=key))

@@ -730,13 +730,16 @@ def test_settle_records_where_each_pin_came_from_and_what_the_manifest_gives() -
     assert list(url_entry.origin) == ["url"]
 
 
+DIGEST = "sha256:" + "d" * 64
+
+
 def test_read_gives_the_entries_and_when_they_were_first_resolved(tmp_path: Path) -> None:
     path = tmp_path / "x.lock.json"
     assert lock.read(path) is None
     path.write_text(json.dumps({"format": 2, "manifest": "x.toml", "source_date_epoch": 1234,
-                                "base": {"from": {"ref": "r"}, "digest": "d"}}))
+                                "base": {"from": {"ref": "r"}, "digest": DIGEST}}))
     read = lock.read(path)
-    assert read == lock.Lock(entries={lock.BASE: entry({"ref": "r"}, digest="d")},
+    assert read == lock.Lock(entries={lock.BASE: entry({"ref": "r"}, digest=DIGEST)},
                              source_date_epoch=1234)
     for text, why in (("[1, 2]", "not a JSON object"), ("{broken", None)):
         path.write_text(text)
