@@ -85,17 +85,24 @@ class Manifest:
 
 def load(path: Path, overrides: Sequence[str] = (), *, registry: Mapping[str, Stage]) -> Manifest:
     """Read `path`, apply `--set K=V` overrides, validate everything, fill defaults."""
+    document, where, _ = _effective(path, overrides, registry)
+    return _validate(document, where, registry)
+
+
+def _effective(path: Path, overrides: Sequence[str], registry: Mapping[str, Stage]
+               ) -> tuple[dict[str, Any], _Locator, inherit.Effective]:
+    """The document as read (inherited tables merged, --set applied, not yet validated) and
+    where each value comes from."""
     text = _read(path)
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: invalid TOML: {exc}; fix the syntax there.") from None
     effective = inherit.read(path, text, document)
-    document = effective.document
     where = _Locator(path, text, {}, effective.origins)
     for override in overrides:
-        where.overrides[_apply_override(document, override, registry)] = override
-    return _validate(document, where, registry)
+        where.overrides[_apply_override(effective.document, override, registry)] = override
+    return effective.document, where, effective
 
 
 def refuse_moved_pins(path: Path, overrides: Sequence[str], *,
@@ -106,12 +113,7 @@ def refuse_moved_pins(path: Path, overrides: Sequence[str], *,
     would check out the old commit. A new url or ref alone may be a mirror of the same bytes or
     another name of the same commit; commands that download nothing (check, plan, render)
     still show such a manifest."""
-    text = _read(path)
-    effective = inherit.read(path, text, tomllib.loads(text))
-    document = effective.document
-    where = _Locator(path, text, {}, effective.origins)
-    for override in overrides:
-        where.overrides[_apply_override(document, override, registry)] = override
+    document, where, _ = _effective(path, overrides, registry)
     for name, table in document.get("stages", {}).items():
         stage = registry.get(name)
         if stage is None or not isinstance(table, dict):
@@ -136,11 +138,8 @@ def show(path: Path, overrides: Sequence[str] = (), *,
     with the file and line (or the --set) it comes from. Validated first."""
     load(path, overrides, registry=registry)
     text = _read(path)
-    effective = inherit.read(path, text, tomllib.loads(text))
-    document = effective.document
-    where = _Locator(path, text, {}, effective.origins)
-    for override in overrides:
-        where.overrides[_apply_override(document, override, registry)] = override
+    document, where, effective = _effective(path, overrides, registry)
+
     def origin_of(dotted: str) -> str:
         if dotted in where.overrides:
             return f"--set {where.overrides[dotted]}"
