@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
+from invoke.tasks import Task
+from invoke.tasks import task as invoke_task
 
-from imageforge import exits, front
+from imageforge import exits, front, log
 from imageforge.cache import diskfull
 from imageforge.errors import FatalError, UsageError
 from stages import STAGES, discover
@@ -36,6 +37,26 @@ REMOTE_HELP = ("registry repository of the shared artifact cache, e.g. "
 MIRROR_HELP = ("fetch only from this mirror (a directory or URL made by mirror.sync); "
                "the original URLs are never contacted")
 TARGET_DEFAULT = "default: the image the manifest defines"
+# The only short flags, each the same option in every task that has that option. invoke
+# would give every option the first letter of its name not yet taken in its task, so -s was
+# --set in one task and --stage in another, and -t meant --target, --tag, --to or --test.
+SHORT_FLAGS: dict[str, tuple[str, ...]] = {"manifest": ("m",), "target": ("t",), "set": ("s",)}
+
+
+class ShortFlagTask(Task[Any]):
+    """A task whose short flags are SHORT_FLAGS' alone; every other option is long only."""
+
+    def __init__(self, body: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(body, **kwargs)
+        self.auto_shortflags = False
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, taken_names)
+        opts["names"] = [*opts["names"], *SHORT_FLAGS.get(name, ())]
+        return opts
+
+
+task = functools.partial(invoke_task, klass=ShortFlagTask)
 
 
 # invoke reads invoke.yaml after importing this module: see exits.config_file_error.
@@ -60,7 +81,7 @@ def boundary(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except FatalError as exc:
-            raise Exit(f"imageforge: {exc}", code=exc.return_code) from None
+            raise Exit(log.error_line(str(exc)), code=exc.return_code) from None
         except BrokenPipeError:
             # The reader of the output went away (`| head`): stop as a shell pipeline's writer
             # would (128 + SIGPIPE), without a traceback, and without the interpreter's own
@@ -69,20 +90,21 @@ def boundary(func: F) -> F:
             raise Exit(code=exits.EXIT_PIPE) from None
         except OSError as exc:
             if diskfull.is_full(exc) and exc.filename is None and exits.output_full():
-                raise Exit("imageforge: standard output: no space left on its device; send "
-                           "the output somewhere with room.",
+                raise Exit(log.error_line("standard output: no space left on its device; "
+                                          "send the output somewhere with room."),
                            code=UsageError.return_code) from None
             # The modules that write name their place; this catches any write they missed.
             if diskfull.is_full(exc):
                 full = diskfull.error(Path(exc.filename).parent if exc.filename else Path.cwd())
-                raise Exit(f"imageforge: {full}", code=full.return_code) from None
+                raise Exit(log.error_line(str(full)), code=full.return_code) from None
             if exc.filename is None:
                 raise
             # A path given by a flag (or a setting) that cannot be read or written.
-            raise Exit(f"imageforge: {exc.filename}: {exc.strerror or exc}; check that path and "
-                       "the flag or setting that names it.", code=UsageError.return_code) from None
+            raise Exit(log.error_line(f"{exc.filename}: {exc.strerror or exc}; check that path "
+                                      "and the flag or setting that names it."),
+                       code=UsageError.return_code) from None
         except KeyboardInterrupt:
-            raise Exit("imageforge: interrupted.", code=130) from None
+            raise Exit(log.error_line("interrupted."), code=130) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -238,8 +260,6 @@ def fetch(c: Context, target: str | None = None, manifest: str | None = None,
           "junit": "write JUnit XML to this file",
           "report": "write DIR/test-image-<target>.json and DIR/test-image-<target>.xml"},
     iterable=["set"],
-    # Long flags only: an automatic -h for --hardware would read as --help.
-    auto_shortflags=False,
 )
 @boundary
 def test_image(c: Context, target: str | None = None, image: str | None = None,
@@ -517,8 +537,6 @@ ns.add_task(bench)
           "verbose": "show each host's output ([algo-N] lines) as it runs; it always goes to "
                      "<output>/algo-N/log.txt"},
     iterable=["hp", "channel"],
-    # Long flags only: an automatic -h for --hosts would read as --help.
-    auto_shortflags=False,
 )
 @boundary
 def run_local(c: Context, image: str | None = None, program: str | None = None,

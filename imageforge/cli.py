@@ -27,11 +27,13 @@ def main() -> None:
 
     from invoke.program import Program
 
+    from imageforge import log
+
     tasks_file = ROOT / "tasks.py"
     if not tasks_file.is_file():
-        print(f"imageforge: no tasks.py in {ROOT}; install imageforge from a checkout "
-              "(`pip install -e <checkout>`), or run `.venv/bin/invoke` inside one.",
-              file=sys.stderr)
+        print(log.error_line(f"no tasks.py in {ROOT}; install imageforge from a checkout "
+                             "(`pip install -e <checkout>`), or run `.venv/bin/invoke` inside "
+                             "one."), file=sys.stderr)
         sys.exit(1)
     spec = importlib.util.spec_from_file_location("tasks", tasks_file)
     assert spec is not None

@@ -29,7 +29,7 @@ def docker_binary() -> str:
 
 
 def echo(args: Sequence[str]) -> None:
-    from imageforge.sources.download import redact
+    from imageforge.textsafe import redact
 
     log.debug("+ " + shlex.join(redact(a) if "://" in a else a for a in args))
 

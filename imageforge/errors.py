@@ -5,11 +5,19 @@ tasks.py catches FatalError in one place and turns it into ``invoke.Exit(msg, co
 
 from __future__ import annotations
 
+from imageforge.textsafe import redact_urls
+
 
 class FatalError(Exception):
     """Root of user-facing errors. The message says what is wrong and what to do."""
 
     return_code = 1
+
+    def __str__(self) -> str:
+        # A URL reaches a message from a manifest, a --set, a lock or a server's answer, and
+        # may carry a password or a token: every message is printed through here, so none
+        # shows one, whichever site wrote it.
+        return redact_urls(super().__str__())
 
 
 class UsageError(FatalError):

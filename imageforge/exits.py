@@ -10,6 +10,8 @@ from types import TracebackType
 
 from invoke.vendor.yaml import YAMLError
 
+from imageforge import log
+
 # 128 + SIGPIPE: what a shell pipeline's writer exits with when its reader went away.
 EXIT_PIPE = 141
 
@@ -37,6 +39,6 @@ def config_file_error(kind: type[BaseException], exc: BaseException,
         mark = getattr(exc, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}" if mark else "the invoke configuration"
         why = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        print(f"imageforge: {where}: not valid YAML ({why}); fix the file.", file=sys.stderr)
+        print(log.error_line(f"{where}: not valid YAML ({why}); fix the file."), file=sys.stderr)
         return
     sys.__excepthook__(kind, exc, trace)

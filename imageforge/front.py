@@ -33,6 +33,7 @@ from imageforge.model.stage import Stage
 from imageforge.planning import project
 from imageforge.planning.plan import Plan
 from imageforge.sources.mirror import parse_rewrites
+from imageforge.textsafe import escaped
 
 if TYPE_CHECKING:
     from imageforge.buildkit.progress import Mode
@@ -600,12 +601,12 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     s = settings(config, flags, layer_cache=True)
     _, code_target = code_overrides(flags.code, flags.program, request.target, s.registry)
     target = _target(s, code_target)
+    if request.output is not None:
+        export.check_destination(Path(request.output))
     options = BuildOptions(target=target, tag=request.tag, push=request.push,
                            builder=request.builder, progress=progress,
                            dry_run=request.dry_run, ca_bundle=bundle,
-                           expect_key=request.expect_key)
-    if request.output is not None:
-        export.check_destination(Path(request.output))
+                           expect_key=request.expect_key, exports=request.output is not None)
     result = build_mod.build(s, options)
     if result is None:
         return
@@ -740,8 +741,11 @@ def nightly_options(config: Config, request: NightlyRequest) -> NightlyOptions:
 
 
 def count(flag: str, value: str) -> int:
-    if not value.isdigit():
-        raise UsageError(f"--{flag} {value}: give a number of stages, e.g. 2 (0: none).")
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses; and a few digits,
+    # since no manifest has a million stages.
+    if not (value.isascii() and value.isdigit() and len(value) <= 6):
+        raise UsageError(f"--{flag} {escaped(value)}: give a number of stages, e.g. 2 "
+                         "(0: none).")
     return int(value)
 
 

@@ -1,5 +1,7 @@
-"""The one logger: warnings and notes as `imageforge: warning: ...` lines on stderr, and the
-commands imageforge runs (`+ docker buildx bake ...`) at debug level.
+"""The one logger: warnings and notes as `imageforge: warning: ...` and `imageforge: note: ...`
+lines on stderr, and the commands imageforge runs (`+ docker buildx bake ...`) at debug level.
+The one sentence a fatal error ends a command with is `imageforge: error: ...` (error_line),
+so the three are told apart by their prefix.
 
 `IMAGEFORGE_LOG=debug` shows every command; `IMAGEFORGE_LOG=warning` hides the notes.
 Standard output is left to what a command is asked for (plans, tables, JSON)."""
@@ -14,10 +16,19 @@ from typing import TextIO
 LOGGER = logging.getLogger("imageforge")
 
 
+def _line(level: str, message: str) -> str:
+    return f"imageforge: {level}: {message}"
+
+
+def error_line(message: str) -> str:
+    """The line a command that fails ends with, before its exit code."""
+    return _line("error", message)
+
+
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
-        return f"imageforge: {level}{record.getMessage()}"
+        level = "note" if record.levelno == logging.INFO else record.levelname.lower()
+        return _line(level, record.getMessage())
 
 
 class _Stderr(logging.StreamHandler[TextIO]):

@@ -44,6 +44,22 @@ for site in "$tree"/opt/conda/lib/python*/site-packages; do
     mkdir -p "${link%/*}"
     mv "$tree/nccl-link" "$link"
 done
+# An NCCL from the wheel (`[stages.nccl] provider = "wheel"`) is the wheel's own file, byte for
+# byte: its hundreds of MB stay out of the tarball, and in its place goes a record of its
+# sha256 (libnccl.so.V.sha256), which torch_gpu_check.py fills from the GPU host's own
+# nvidia-nccl wheel of the same release, only when the sha256 is the same.
+python3 - "$tree" <<'PY'
+import hashlib, json, pathlib, sys
+tree = pathlib.Path(sys.argv[1])
+stages = json.loads((tree / "imageforge-export.json").read_text())["stages"]
+nccl = next((s["inputs"] for s in stages if s["name"] == "nccl"), {})
+if nccl.get("provider") == "wheel":
+    lib = tree / nccl["prefix"].lstrip("/") / "lib" / f"libnccl.so.{nccl['version']}"
+    digest = hashlib.sha256(lib.read_bytes()).hexdigest()
+    lib.with_name(lib.name + ".sha256").write_text(f"{digest}  {lib.name}\n")
+    lib.unlink()
+    print(f"gpu-bundle: {lib.name} (NCCL wheel) left out, sha256 {digest[:16]}...")
+PY
 mkdir -p "$tree/deps/lib"
 docker run --rm -v "$tree:/export" "$image" bash -c '
     set -euo pipefail

@@ -24,6 +24,8 @@ here=$(dirname "$0")
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$out"
 rc=0
+# A wheel-provided NCCL travels as its sha256: the host's own wheel file fills it first.
+python3 "$here/torch_gpu_check.py" --tree "$tree" --fill-wheel-nccl
 python3 "$here/gpu_check.py" --tree "$tree" --json "$out/nccl-tests.json" --gpus "$gpus" || rc=1
 python3 "$here/torch_gpu_check.py" --tree "$tree" --json "$out/torch.json" --gpus "$gpus" || rc=1
 exit $rc

@@ -61,6 +61,24 @@ def host_site() -> Path:
     return Path(spec.origin).parent.parent
 
 
+def fill_wheel_nccl(tree: Path, site: Path) -> list[str]:
+    """Put the host's own NCCL wheel file where the bundle left a `libnccl.so.V.sha256` record
+    (an image whose nccl stage unpacked the NCCL wheel: gpu-bundle.sh ships no copy of it),
+    only when its sha256 is the recorded one. Returns what it filled."""
+    filled = []
+    for record in sorted(tree.glob("**/lib/libnccl.so.*.sha256")):
+        digest, name = record.read_text().split()
+        wheel = site / WHEEL_NCCL
+        if not wheel.is_file() or sha256(wheel) != digest:
+            raise SystemExit(f"torch_gpu_check: {record.relative_to(tree)}: the image's {name} "
+                             f"is the NCCL wheel's file with sha256 {digest[:16]}..., and this "
+                             f"host's {wheel} is not; install the manifest's nvidia-nccl wheel")
+        shutil.copyfile(wheel, record.with_name(name))
+        record.unlink()
+        filled.append(f"{name}: the host's {wheel}, sha256 {digest}")
+    return filled
+
+
 class TorchChecker(gpu_check.Checker):
     def __init__(self, tree: Path, gpus: int, work: Path) -> None:
         super().__init__(tree, "256M")
@@ -231,13 +249,23 @@ def main() -> int:
     parser.add_argument("--expect", help=argparse.SUPPRESS)
     parser.add_argument("--version", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
+    parser.add_argument("--fill-wheel-nccl", action="store_true",
+                        help="only put the host's NCCL wheel file in the tree (fill_wheel_nccl)")
     args = parser.parse_args()
     if args.rank_json:
         return rank_main(args)
+    if args.tree is not None and args.fill_wheel_nccl:
+        for line in fill_wheel_nccl(args.tree.resolve(), host_site()):
+            print(f"torch_gpu_check: filled {line}")
+        return 0
     if args.tree is None or args.json is None:
         parser.error("--tree and --json are required")
+    filled = fill_wheel_nccl(args.tree.resolve(), host_site())
     with tempfile.TemporaryDirectory(prefix="imageforge-torch-") as work:
         checker = TorchChecker(args.tree.resolve(), args.gpus, Path(work))
+        for line in filled:
+            checker.check("the NCCL wheel's library is the host wheel's file, by sha256", True,
+                          line)
         host_torch = metadata.version("torch")
         pinned = checker.pin("pytorch")
         checker.check("the host's torch is the manifest's release",

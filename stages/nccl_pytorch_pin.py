@@ -21,8 +21,8 @@ from imageforge.model.manifest import Manifest
 from imageforge.model.stage import Context, Stage
 from imageforge.planning.compat import image_cuda
 from imageforge.planning.plan import stage_inputs
-from imageforge.sources.download import redact
 from imageforge.sources.sources import GitSource
+from imageforge.textsafe import redact
 from stages import nccl_wheel, ncclwheelpin
 from stages.ncclpin import pytorch_nccl_pin
 

@@ -27,7 +27,8 @@ import requests
 
 from imageforge.errors import CompatibilityError, SourceError
 from imageforge.sources import gitsource
-from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy, redact
+from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy
+from imageforge.textsafe import redact
 
 SUBMODULE = "third_party/nccl/nccl"
 PIN_DIR = ".ci/docker/ci_commit_pins"

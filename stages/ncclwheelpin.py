@@ -17,7 +17,7 @@ from imageforge.errors import SourceError
 from imageforge.model.lockpin import Pin, Upstream
 from imageforge.model.stage import Context
 from imageforge.sources import gitsource, wheelmeta
-from imageforge.sources.download import redact
+from imageforge.textsafe import redact
 from stages import pytorch_wheel
 
 NCCL_WHEEL = re.compile(r"nvidia-nccl-cu(\d+)")

@@ -23,6 +23,7 @@ from imageforge import jsonfile, log
 from imageforge.buildkit import bake, cachemounts, dryrun
 from imageforge.buildkit.bake import absolute_if_local
 from imageforge.buildkit.docker import ensure_ready, local_image
+from imageforge.buildkit.export import exported_stages
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import (
     BuildOptions,
@@ -93,7 +94,15 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
     if options.dry_run:
         dryrun.print_dry_run(settings, planned, options)
         return None
-    if not options.builder and not options.push and not to_build(planned):
+    # build --output reads every exported stage's artifact: one gone from the image store
+    # (or corrupt) is dropped here by verify, so this build makes it again.
+    also = [s.name for s in exported_stages(planned)] if options.exports else []
+    gone = [name for name in also if planned.stage(name).status == "cached"
+            and store.verify(planned.stage(name).key) is None]
+    if gone:
+        planned = project.with_statuses(planned, store, remote)
+    if (not options.builder and not options.push
+            and not to_build(planned, also)):
         clock.lap("plan")
         unchanged = _unchanged(settings, planned, store, options.tag or default_tag(planned),
                                clock)
@@ -107,7 +116,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
         # A docker-container builder has no image store of its own to compare with.
         extends.require_same_image(planned.manifest, engine[1] if options.builder else None)
     for _ in range(5):
-        building = to_build(planned)
+        building = to_build(planned, also)
         using = reused(planned, building)
         keys = [(store.lock_path(planned.stage(n).key), False, n) for n in building]
         keys += [(store.lock_path(planned.stage(n).key), True, n) for n in using
@@ -115,7 +124,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
         with locked_all(keys):
             # Another build may have stored (or pruned) keys while we waited.
             fresh = project.with_statuses(planned, store, remote)
-            if to_build(fresh) != building or reused(fresh, building) != using:
+            if to_build(fresh, also) != building or reused(fresh, building) != using:
                 planned = fresh
                 continue
             contexts = _reuse_contexts(store, remote, fresh, using)

@@ -27,6 +27,10 @@ class BuildOptions:
     no_cache: bool = False
     # The imageforge revision the image's labels name (verify --image: the one being checked).
     revision: str | None = None
+    # build --output: every exported stage must be in the artifact cache when the build ends
+    # (export reads each one's files), so one whose artifact is gone is built again here, not
+    # named as missing afterwards.
+    exports: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -76,6 +76,9 @@ class ArtifactStore:
         builder without one (its image entries are then not there: those stages build)."""
         self.images = images
         self._image_ids: dict[str, str] | None = None
+        # Records already warned about: a command reads an entry more than once (cache.ls
+        # lists, then sizes), and one bad file is one warning.
+        self._warned: set[Path] = set()
         self.root = root.resolve()
         # This store's own names in the image store (imagestore.artifact_ref).
         self.namespace = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
@@ -98,8 +101,10 @@ class ArtifactStore:
         why = _meta_problem(data, key)
         if why:
             # A record is input like any file: one it cannot read is a stage to rebuild.
-            log.warning(f"{meta}: {why}; ignoring that artifact (its stage builds again; "
-                        "`invoke cache.prune` removes what nothing uses).")
+            if meta not in self._warned:
+                self._warned.add(meta)
+                log.warning(f"{meta}: {why}; ignoring that artifact (its stage builds again; "
+                            "`invoke cache.prune` removes what nothing uses).")
             return None
         if data.get("image") and self.images is None:
             return None

@@ -33,7 +33,7 @@ from imageforge.image import golden
 from imageforge.jsonfile import read_object
 from imageforge.planning import project
 from imageforge.sources import cabundle
-from imageforge.sources.download import redact
+from imageforge.textsafe import redact
 
 T = TypeVar("T")
 

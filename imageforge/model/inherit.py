@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.errors import ManifestError
+from imageforge.model import tomlfile
+from imageforge.textsafe import escaped, shown
 
 KEY = "inherit"
 
@@ -43,28 +45,28 @@ def read(path: Path, text: str, document: dict[str, Any]) -> Effective:
     current, current_doc = path, document
     while KEY in current_doc:
         parent = current_doc[KEY]
-        if not isinstance(parent, str) or not parent:
-            raise ManifestError(f"{current}: inherit: expected the path of another manifest, "
+        here = escaped(str(current), None)
+        # A NUL cannot be in a path: the system would refuse it with a ValueError.
+        if not isinstance(parent, str) or not parent or "\0" in parent:
+            raise ManifestError(f"{here}: inherit: expected the path of another manifest, "
                                 'e.g. inherit = "smddp.toml".')
         parent_path = (current.parent / parent).resolve()
         if parent_path in chain:
-            loop = " -> ".join(str(p) for p in [*chain, parent_path])
-            raise ManifestError(f"{current}: inherit = {parent!r} makes a loop ({loop}); "
+            loop = " -> ".join(escaped(str(p), None) for p in [*chain, parent_path])
+            raise ManifestError(f"{here}: inherit = {shown(parent)} makes a loop ({loop}); "
                                 "remove one of the inherits.")
         try:
-            parent_text = parent_path.read_text(encoding="utf-8")
+            parent_text = tomlfile.read_text(parent_path, what="manifest",
+                                             context=f"inherited by {here}")
         except FileNotFoundError:
-            raise ManifestError(f"{current}: inherit = {parent!r}: no such manifest "
-                                f"({parent_path}); the path is relative to {current.parent}.")\
-                from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{current}: inherit = {parent!r}: cannot read {parent_path} "
-                                f"({exc}).") from None
+            raise ManifestError(f"{here}: inherit = {shown(parent)}: no such manifest "
+                                f"({escaped(str(parent_path), None)}); the path is relative to "
+                                f"{escaped(str(current.parent), None)}.") from None
         try:
-            parent_doc = tomllib.loads(parent_text)
+            parent_doc = tomlfile.parse(parent_text)
         except tomllib.TOMLDecodeError as exc:
-            raise ManifestError(f"{parent_path}: invalid TOML: {exc}; fix the syntax there "
-                                f"(inherited by {current}).") from None
+            raise ManifestError(f"{escaped(str(parent_path), None)}: invalid TOML: {exc}; fix "
+                                f"the syntax there (inherited by {here}).") from None
         chain.append(parent_path)
         layers.append((Origin(path=parent_path, text=parent_text), parent_doc))
         current, current_doc = parent_path, parent_doc

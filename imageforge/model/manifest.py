@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.errors import ManifestError
-from imageforge.model import inherit
+from imageforge.model import inherit, tomlfile
 from imageforge.model.stage import Field, Stage
 from imageforge.model.validate import ALLOWED, problem
+from imageforge.textsafe import escaped, redact_urls, shown
 
 IMAGE_FIELDS: dict[str, Field] = {
     "name": Field(kind="name", help="image repository name used for tags"),
@@ -49,6 +50,9 @@ _RULE_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 TOP_LEVEL = ("image", "stages", "waive")  # and `inherit`, read before validation
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# Up to the 4300 digits int() reads (sys.int_info.default_max_str_digits); validation says
+# what a key allows.
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,4300}")
 _TEMPLATED = ("url", "repo", "ref", "build_version")
 # Pins of a stage's version-templated source: they belong to one version only.
 _VERSION_PINS = ("sha256", "commit")
@@ -95,13 +99,15 @@ def _effective(path: Path, overrides: Sequence[str], registry: Mapping[str, Stag
     where each value comes from."""
     text = _read(path)
     try:
-        document = tomllib.loads(text)
+        document = tomlfile.parse(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"{path}: invalid TOML: {exc}; fix the syntax there.") from None
+        raise ManifestError(f"{escaped(str(path), None)}: invalid TOML: {exc}; fix the syntax "
+                            "there.") from None
     effective = inherit.read(path, text, document)
     where = _Locator(path, text, {}, effective.origins)
     for override in overrides:
-        where.overrides[_apply_override(effective.document, override, registry)] = override
+        dotted = _apply_override(effective.document, override, registry)
+        where.overrides[dotted] = _shown_override(override)
     return effective.document, where, effective
 
 
@@ -136,19 +142,21 @@ def show(path: Path, overrides: Sequence[str] = (), *,
          registry: Mapping[str, Stage]) -> str:
     """The effective manifest (inherited tables merged, --set applied) as TOML, each value
     with the file and line (or the --set) it comes from. Validated first."""
-    load(path, overrides, registry=registry)
-    text = _read(path)
+    # Read once, as load reads it: a manifest piped in (--manifest /dev/stdin) has no second
+    # reading.
     document, where, effective = _effective(path, overrides, registry)
+    _validate(copy.deepcopy(document), where, registry)
 
     def origin_of(dotted: str) -> str:
         if dotted in where.overrides:
             return f"--set {where.overrides[dotted]}"
         origin = effective.origins.get(dotted)
-        file = _Locator(origin.path, origin.text, {}) if origin else _Locator(path, text, {})
+        file = _Locator(origin.path, origin.text, {}) if origin else where
         line = file._line(dotted)
-        return f"{file.path}:{line}" if line else str(file.path)
+        shown_path = escaped(str(file.path), None)
+        return f"{shown_path}:{line}" if line else shown_path
 
-    chain = " -> ".join(str(p) for p in effective.chain)
+    chain = " -> ".join(escaped(str(p), None) for p in effective.chain)
     lines = [f"# effective manifest: {chain}"]
     waive = document.get("waive", {})
     tables = [("image", document.get("image", {}))]
@@ -157,7 +165,8 @@ def show(path: Path, overrides: Sequence[str] = (), *,
     for name, table in tables:
         lines += ["", f"[{name}]"]
         for key, value in table.items():
-            assignment = f"{key} = {json.dumps(value)}"
+            # Shown, not built from: a password in a URL stays out of the terminal here too.
+            assignment = f"{key} = {redact_urls(json.dumps(value))}"
             lines.append(f"{assignment:<48} # {origin_of(f'{name}.{key}')}")
     return "\n".join(lines)
 
@@ -189,13 +198,11 @@ def with_versions(manifest: Manifest, versions: Mapping[str, str], *,
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return tomlfile.read_text(path, what="manifest")
     except FileNotFoundError:
         raise ManifestError(
-            f"{path}: no such manifest; pass --manifest with one of manifests/*.toml."
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path}: cannot read the manifest ({exc}).") from None
+            f"{escaped(str(path), None)}: no such manifest; pass --manifest with one of "
+            "manifests/*.toml.") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,18 +217,21 @@ class _Locator:
     origins: dict[str, inherit.Origin] = dataclasses.field(default_factory=dict)
 
     def __call__(self, dotted: str) -> str:
+        # The file's path and its keys (a quoted TOML key may hold any character) as text
+        # safe to print; the overrides are kept that way already.
+        path, key = escaped(str(self.path), None), escaped(dotted)
         if dotted in self.overrides:
-            return f"--set {self.overrides[dotted]} (over {self.path})"
+            return f"--set {self.overrides[dotted]} (over {path})"
         origin = self.origins.get(dotted)
         if origin is not None and origin.path.resolve() != self.path.resolve():
             other = _Locator(origin.path, origin.text, {})
-            return other(dotted) + f" (inherited by {self.path})"
+            return other(dotted) + f" (inherited by {path})"
         line = self._line(dotted)
         made_by = [o for k, o in self.overrides.items() if k.startswith(dotted + ".")]
         if line is None and made_by:
             # A table the file does not have, created by an override.
-            return f"--set {made_by[0]} (over {self.path}): {dotted}"
-        return f"{self.path}: {dotted}" + (f" (line {line})" if line else "")
+            return f"--set {made_by[0]} (over {path}): {key}"
+        return f"{path}: {key}" + (f" (line {line})" if line else "")
 
     def _line(self, dotted: str) -> int | None:
         parts = dotted.split(".")
@@ -247,8 +257,14 @@ def _suggest(word: str, known: Sequence[str]) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
+def _shown_override(override: str) -> str:
+    """A `--set KEY=VALUE` as messages show it: key and value each escaped and cut short."""
+    key, sep, value = override.partition("=")
+    return escaped(key) + sep + escaped(value)
+
+
 def _override_error(override: str, why: str) -> ManifestError:
-    return ManifestError(f"--set {override}: {why}")
+    return ManifestError(f"--set {_shown_override(override)}: {why}")
 
 
 def _apply_override(document: dict[str, Any], override: str, registry: Mapping[str, Stage]) -> str:
@@ -281,7 +297,7 @@ def _field_for(parts: Sequence[str], registry: Mapping[str, Stage], fail: Any) -
     if len(parts) == 3 and parts[0] == "stages":
         stage = registry.get(parts[1])
         if stage is None:
-            raise fail(f"unknown stage {parts[1]!r}; {_suggest(parts[1], list(registry))}"
+            raise fail(f"unknown stage {shown(parts[1])}; {_suggest(parts[1], list(registry))}"
                        f"stages are: {', '.join(registry)}.")
         if parts[2] in stage.fields:
             return stage.fields[parts[2]]
@@ -297,13 +313,14 @@ def _parse_override_value(raw: str, field: Field, fail: Any) -> Any:
             return raw.lower() == "true"
         raise fail(f"expected {ALLOWED['bool']}.")
     if field.kind in ("int", "jobs"):
-        if raw.isdigit():
+        # ASCII digits, not str.isdigit: int() refuses '²'.
+        if _WHOLE_NUMBER.fullmatch(raw):
             return int(raw)
         raise fail(f"expected {ALLOWED[field.kind]}.")
     if field.kind in ("arch_list", "packages", "flags", "args", "names"):
         if raw.startswith("["):
             try:
-                return tomllib.loads(f"v = {raw}")["v"]
+                return tomlfile.parse(f"v = {raw}")["v"]
             except tomllib.TOMLDecodeError:
                 raise fail(f"not a valid list; expected {ALLOWED[field.kind]}.") from None
         return [item.strip() for item in raw.split(",") if item.strip()]
@@ -349,7 +366,7 @@ def _waivers(table: Any, where: _Locator) -> dict[str, str]:
     for rule, reason in table.items():
         dotted = f"waive.{rule}"
         if not _RULE_ID.fullmatch(rule):
-            raise ManifestError(f"{where(dotted)}: {rule!r} is not a rule id; use the id in "
+            raise ManifestError(f"{where(dotted)}: {shown(rule)} is not a rule id; use the id in "
                                 "brackets that `invoke check` prints, e.g. torchvision-pytorch.")
         if not isinstance(reason, str) or not reason.strip():
             raise ManifestError(f"{where(dotted)}: a waiver needs its reason; write "
@@ -400,7 +417,7 @@ def _checked(value: Any, field: Field, dotted: str, where: _Locator) -> Any:
     if field.choices:
         if value in field.choices:
             return value
-        raise ManifestError(f"{where(dotted)}: {value!r} is not allowed; "
+        raise ManifestError(f"{where(dotted)}: {shown(value)} is not allowed; "
                             f"choose one of {', '.join(field.choices)}.")
     if isinstance(value, str) and value in field.literals:
         return value
@@ -443,7 +460,7 @@ def _check_same_as(image: Mapping[str, Any], stages: dict[str, Mapping[str, Any]
                 continue
             value = table.get(key) or image[field.same_as]
             if value != image[field.same_as]:
-                raise ManifestError(f"{where(f'stages.{name}.{key}')}: {value!r} differs from "
-                                    f"image.{field.same_as} {image[field.same_as]!r}; make "
-                                    "them equal.")
+                raise ManifestError(f"{where(f'stages.{name}.{key}')}: {shown(value)} differs "
+                                    f"from image.{field.same_as} {shown(image[field.same_as])}; "
+                                    "make them equal.")
             stages[name] = {**stages[name], key: value}

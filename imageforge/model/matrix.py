@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.errors import FatalError, ManifestError
-from imageforge.model import validate
+from imageforge.model import tomlfile, validate
+from imageforge.textsafe import escaped, shown
 
 KEYS = ("manifest", "target", "tag", "set", "matrix")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
@@ -50,16 +51,17 @@ class Entry:
 
 def load(path: Path) -> list[Entry]:
     """The images `path` lists, axes expanded, in file order."""
+    shown_path = escaped(str(path), None)
     try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
+        document = tomlfile.parse(tomlfile.read_text(path, what="matrix file"))
     except FileNotFoundError:
-        raise ManifestError(f"{path}: no such matrix file; pass --file with one.") from None
+        raise ManifestError(f"{shown_path}: no such matrix file; pass --file with one.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"{path}: invalid TOML: {exc}; fix the syntax there.") from None
+        raise ManifestError(f"{shown_path}: invalid TOML: {exc}; fix the syntax there.") from None
     unknown = sorted(set(document) - {"image"})
     images = document.get("image")
     if unknown or not isinstance(images, list) or not images:
-        raise ManifestError(f"{path}: a matrix is a list of [[image]] tables (manifest, "
+        raise ManifestError(f"{shown_path}: a matrix is a list of [[image]] tables (manifest, "
                             "target, tag, set, matrix); add at least one.")
     entries: list[Entry] = []
     for index, table in enumerate(images, start=1):
@@ -68,18 +70,19 @@ def load(path: Path) -> list[Entry]:
 
 
 def _entries(path: Path, index: int, table: Mapping[str, Any]) -> list[Entry]:
-    where = f"{path}: image {index}"
+    where = f"{escaped(str(path), None)}: image {index}"
+    folder = escaped(str(path.parent), None)
     unknown = sorted(set(table) - set(KEYS))
     if unknown:
-        raise ManifestError(f"{where}: unknown key {unknown[0]!r}; an image has "
+        raise ManifestError(f"{where}: unknown key {shown(unknown[0])}; an image has "
                             f"{', '.join(KEYS)}.")
     manifest = table.get("manifest")
     if not isinstance(manifest, str) or not manifest:
         raise ManifestError(f"{where}: manifest = \"<path>\" is required (relative to "
-                            f"{path.parent}).")
+                            f"{folder}).")
     if not (path.parent / manifest).is_file():
-        raise ManifestError(f"{where}: manifest = {manifest!r}: no such file (paths are "
-                            f"relative to {path.parent}); fix the path.")
+        raise ManifestError(f"{where}: manifest = {shown(manifest)}: no such file (paths are "
+                            f"relative to {folder}); fix the path.")
     target, tag = table.get("target"), table.get("tag")
     for key, value in (("target", target), ("tag", tag)):
         if value is not None and (not isinstance(value, str) or not value):
@@ -99,7 +102,7 @@ def _entries(path: Path, index: int, table: Mapping[str, Any]) -> list[Entry]:
         chosen = dict(zip(names, values, strict=True))
         filled = _fill(tag, chosen, where) if tag else None
         if filled is not None and validate.problem("image", filled) is not None:
-            raise ManifestError(f"{where}: tag {filled[:80]!r} is not an image reference; give "
+            raise ManifestError(f"{where}: tag {shown(filled)} is not an image reference; give "
                                 "[REGISTRY/]REPOSITORY[:TAG] in lower case.")
         entries.append(Entry(
             manifest=(path.parent / manifest),
@@ -132,7 +135,7 @@ def blame(entry: Entry, exc: FatalError) -> FatalError:
 def _fill(tag: str, chosen: Mapping[str, str], where: str) -> str:
     def value(match: re.Match[str]) -> str:
         if match.group(1) not in chosen:
-            raise ManifestError(f"{where}: tag {tag!r} names {{{match.group(1)}}}, which is "
+            raise ManifestError(f"{where}: tag {shown(tag)} names {{{match.group(1)}}}, which is "
                                 f"not one of its matrix axes ({', '.join(chosen) or 'none'}).")
         return chosen[match.group(1)]
 

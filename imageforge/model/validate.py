@@ -12,6 +12,8 @@ from typing import Any, Final, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from imageforge.textsafe import shown
+
 Kind = Literal[
     "version", "url", "repo", "ref", "sha256", "commit", "digest", "path", "image",
     "bool", "int", "arch", "arch_list", "packages", "flags", "args", "name", "text",
@@ -156,14 +158,14 @@ def problem(kind: Kind, value: Any) -> str | None:
         return None if ok else f"expected {ALLOWED[kind]}"
     if kind == "jobs":
         ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_JOBS
-        return None if ok else f"{value!r} is not allowed: expected {ALLOWED[kind]}"
+        return None if ok else f"{shown(value)} is not allowed: expected {ALLOWED[kind]}"
     if kind in _LIST_ITEM:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return f"expected {ALLOWED[kind]}"
         bad = [v for v in value if not _LIST_ITEM[kind](v)]
-        return f"{bad[0]!r} is not allowed: expected {ALLOWED[kind]}" if bad else None
+        return f"{shown(bad[0])} is not allowed: expected {ALLOWED[kind]}" if bad else None
     if not isinstance(value, str):
         return f"expected a string: {ALLOWED[kind]}"
     if not _STRING_CHECKS[kind](value):
-        return f"{value!r} is not allowed: expected {ALLOWED[kind]}"
+        return f"{shown(value)} is not allowed: expected {ALLOWED[kind]}"
     return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,9 @@ def is_external(stage: PlannedStage) -> bool:
     return len(lines) == 1 and lines[0].startswith("FROM ") and stage.deps == ()
 
 
-def to_build(plan: Plan) -> list[str]:
-    """The stages BuildKit must build: the target unless cached, and recursively every
-    dependency of a stage being built that no cache holds. Plan order."""
+def to_build(plan: Plan, also: Iterable[str] = ()) -> list[str]:
+    """The stages BuildKit must build: the target unless cached (and each of `also`), and
+    recursively every dependency of a stage being built that no cache holds. Plan order."""
     available = {s.name for s in plan.stages
                  if s.status in ("cached", "remote") or is_external(s)}
     needed: set[str] = set()
@@ -76,7 +76,8 @@ def to_build(plan: Plan) -> list[str]:
         for dep in plan.stage(name).deps:
             need(dep)
 
-    need(plan.target)
+    for name in (plan.target, *also):
+        need(name)
     return [s.name for s in plan.stages if s.name in needed]
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import requests
@@ -36,6 +36,7 @@ from tenacity import (
 )
 
 from imageforge.errors import ChecksumError, Interrupted, SourceError
+from imageforge.textsafe import redact
 
 Progress = Callable[[int, int | None], None]
 
@@ -83,8 +84,6 @@ def _reading_from(response: requests.Response) -> Iterator[None]:
             _reading.pop(me, None)
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-# Query parameters whose names contain one of these carry secrets (presigned URLs, tokens).
-SECRET_PARAMS = ("token", "sig", "secret", "password", "credential", "key", "auth")
 
 
 @dataclass(frozen=True)
@@ -122,28 +121,6 @@ def _user_agent() -> str:
 
 
 USER_AGENT = _user_agent()
-
-
-def redact(url: str) -> str:
-    """Return `url` with user info and secret-looking query values replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "***"
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rpartition("@")[2]
-    query = "&".join(_redact_param(param) for param in parts.query.split("&"))
-    if netloc == parts.netloc and query == parts.query:
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _redact_param(param: str) -> str:
-    name, sep, _ = param.partition("=")
-    if sep and any(part in unquote(name).lower() for part in SECRET_PARAMS):
-        return f"{name}=***"
-    return param
 
 
 def download(
@@ -416,7 +393,8 @@ def _retry_after(response: requests.Response) -> float | None:
     value = response.headers.get("Retry-After", "").strip()
     if not value:
         return None
-    if value.isdigit():
+    # ASCII digits only: str.isdigit() also takes "²", which float() refuses.
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

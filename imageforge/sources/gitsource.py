@@ -22,7 +22,7 @@ from filelock import FileLock
 
 from imageforge.cmd import run
 from imageforge.errors import LockError, SourceError
-from imageforge.sources.download import redact
+from imageforge.textsafe import redact
 
 FULL_SHA = re.compile(r"[0-9a-fA-F]{40}")
 UNSAFE_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")

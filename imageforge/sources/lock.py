@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import json
 import os
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence, Set
@@ -37,8 +38,9 @@ from imageforge.model.manifest import Manifest, with_versions
 from imageforge.model.stage import Context, Stage
 from imageforge.planning.dag import closure
 from imageforge.sources import gitsource, lockcheck, piplock, tarcheck, upstream
-from imageforge.sources.download import download, redact
+from imageforge.sources.download import download
 from imageforge.sources.sources import GitSource, Source, SourceCache, UrlSource
+from imageforge.textsafe import escaped, redact, shown
 
 FORMAT = 2
 # Keys of the file that are not entries.
@@ -62,8 +64,9 @@ def lock_path(manifest_path: Path) -> Path:
 
 
 def name(path: EntryPath) -> str:
-    """An entry as messages name it: `stages.efa.src-efa`."""
-    return ".".join(path)
+    """An entry as messages name it: `stages.efa.src-efa`. Its parts are a lock file's keys,
+    which may hold any character: each is escaped and cut short."""
+    return ".".join(escaped(part) for part in path)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,13 +112,30 @@ class Lock:
         return {path[0]: entry.pin for path, entry in self.entries.items() if len(path) == 1}
 
 
+# The largest lock shipped (a torch wheel closure with every hash) is 116 KB; a lock is input
+# like the manifest, and one that is a link to /dev/zero must not be read until memory ends.
+MAX_LOCK_BYTES = 16 << 20
+
+
+def _read_bounded(path: Path) -> str:
+    """The text of the lock at `path`: a regular file of at most MAX_LOCK_BYTES."""
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("not a regular file")
+    with path.open("rb") as data:
+        raw = data.read(MAX_LOCK_BYTES + 1)
+    if len(raw) > MAX_LOCK_BYTES:
+        raise ValueError(f"larger than {MAX_LOCK_BYTES >> 20} MiB")
+    return raw.decode("utf-8")
+
+
 def read(path: Path, *, old_ok: bool = False) -> Lock | None:
     """The lock at `path`, None when there is none (or, with `old_ok`, when an older
     imageforge wrote it: `invoke lock` replaces it)."""
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read_bounded(path))
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
@@ -124,7 +144,7 @@ def read(path: Path, *, old_ok: bool = False) -> Lock | None:
     if data.get("format") != FORMAT:
         if old_ok:
             return None
-        raise LockError(f"{path} is in lock format {data.get('format')!r}, not {FORMAT}; run "
+        raise LockError(f"{path} is in lock format {shown(data.get('format'))}, not {FORMAT}; run "
                         "`invoke lock` to rewrite it.")
     try:
         entries = dict(_entries(data, ()))

@@ -40,10 +40,11 @@ from imageforge.model.manifest import Manifest
 from imageforge.model.stage import Context, Stage, filename_of
 from imageforge.planning.plan import stage_inputs
 from imageforge.sources import gitsource
-from imageforge.sources.download import download, redact
+from imageforge.sources.download import download
 from imageforge.sources.lock import defined_stages
 from imageforge.sources.signature import Signature
 from imageforge.sources.sources import GitSource, Source, SourceCache, UrlSource
+from imageforge.textsafe import redact
 
 INDEX = "index.json"
 FORMAT = 1

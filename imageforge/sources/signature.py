@@ -19,7 +19,8 @@ import requests
 
 from imageforge.cmd import run
 from imageforge.errors import SourceError
-from imageforge.sources.download import download, redact
+from imageforge.sources.download import download
+from imageforge.textsafe import redact
 
 DEFAULT_KEY_URL = "https://efa-installer.amazonaws.com/aws-efa-installer.key"
 

@@ -40,9 +40,10 @@ from imageforge.cache import diskfull
 from imageforge.errors import Interrupted, LockError, SourceError
 from imageforge.sources import tarcheck
 from imageforge.sources.download import Progress as ProgressCallback
-from imageforge.sources.download import download, interrupt, redact
+from imageforge.sources.download import download, interrupt
 from imageforge.sources.gitsource import checkout
 from imageforge.sources.signature import Signature, verify
+from imageforge.textsafe import redact, shown
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
@@ -64,7 +65,7 @@ class UrlSource:
     def __post_init__(self) -> None:
         if self.filename in ("", ".", "..") or "/" in self.filename or "\0" in self.filename:
             raise SourceError(
-                f"source {self.name} has an invalid file name {self.filename!r}; use a plain "
+                f"source {self.name} has an invalid file name {shown(self.filename)}; use a plain "
                 "file name without '/'"
             )
 
@@ -234,7 +235,7 @@ def _pinned_digest(source: UrlSource) -> str:
         )
     if not SHA256_HEX.fullmatch(source.sha256):
         raise LockError(
-            f"source {source.name} has an invalid sha256 {source.sha256!r}; run `invoke lock`"
+            f"source {source.name} has an invalid sha256 {shown(source.sha256)}; run `invoke lock`"
         )
     return source.sha256
 
@@ -247,7 +248,7 @@ def _checkout_name(source: GitSource) -> str:
         )
     if not COMMIT_SHA.fullmatch(source.commit):
         raise LockError(
-            f"source {source.name} has an invalid commit {source.commit!r}; run `invoke lock`"
+            f"source {source.name} has an invalid commit {shown(source.commit)}; run `invoke lock`"
         )
     if source.submodules is False or source.submodules == ():
         return source.commit

@@ -34,7 +34,8 @@ from imageforge.model.manifest import Manifest, template
 from imageforge.model.stage import Context, Stage
 from imageforge.model.validate import problem
 from imageforge.sources import gitsource, wheelmeta
-from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy, redact
+from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy
+from imageforge.textsafe import redact
 
 GITHUB_API = "https://api.github.com"
 PYPI = "https://pypi.org"

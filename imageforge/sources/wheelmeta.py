@@ -32,7 +32,8 @@ from packaging.version import InvalidVersion, Version
 
 from imageforge.errors import ChecksumError, SourceError
 from imageforge.sources import cabundle
-from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy, redact
+from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy
+from imageforge.textsafe import redact
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, " \
          "text/html;q=0.1"

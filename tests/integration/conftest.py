@@ -239,6 +239,16 @@ def docker_out(*args: str) -> str:
                           check=True).stdout.strip()
 
 
+def untag_run(run: str) -> None:
+    """Untag every imageforge-test/ image whose tag ends with `run` (a module's own; the
+    layers stay in BuildKit's cache)."""
+    tags = docker_out("image", "ls", "--format", "{{.Repository}}:{{.Tag}}").splitlines()
+    ours = [t for t in tags if t.startswith("imageforge-test/") and t.endswith(run)]
+    if ours:
+        subprocess.run(["docker", "image", "rm", "--force", *ours], capture_output=True,
+                       check=False)
+
+
 # The test registry's password: chosen per session, handed to compose through the
 # environment, and searched for in outputs by the secret tests.
 REGISTRY_USER = "imageforge"

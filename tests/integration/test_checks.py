@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import docker_out, invoke
+from tests.integration.conftest import docker_out, invoke, untag_run
 
 RUN = uuid.uuid4().hex[:8]
 LOADED_CHECK = "libnccl loaded by import torch is the nccl stage's (ncclGetVersion)"
@@ -27,11 +27,7 @@ ONE_CHECK = "exactly one libnccl visible to the dynamic linker"
 def remove_tags() -> Iterator[None]:
     """Untag every image this module made (the layers stay in BuildKit's cache)."""
     yield
-    tags = docker_out("image", "ls", "--format", "{{.Repository}}:{{.Tag}}").splitlines()
-    ours = [t for t in tags if t.startswith("imageforge-test/") and t.endswith(RUN)]
-    if ours:
-        subprocess.run(["docker", "image", "rm", "--force", *ours], capture_output=True,
-                       check=False)
+    untag_run(RUN)
 
 
 @pytest.fixture(scope="module")

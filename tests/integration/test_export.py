@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -62,3 +63,22 @@ def test_output_to_a_missing_directory_fails_before_building(sample_manifest: Pa
     assert "Traceback" not in result.stderr
     assert "building" not in result.stdout
     assert not (tmp_path / "no").exists()
+
+
+def test_output_builds_again_a_stage_whose_artifact_is_gone(sample_manifest: Path,
+                                                            tmp_path: Path) -> None:
+    """A stage the target no longer needs built (its dependents are cached) is still
+    exported: when its artifact is gone from the engine's image store, build --output builds
+    it again instead of ending with 'not in the artifact cache; build first', which the
+    same build could never fix."""
+    cache = tmp_path / "cache"
+    first = build_output(sample_manifest, cache, "efa-nccl", tmp_path / "first")
+    assert first.returncode == 0, first.stdout + first.stderr
+    images = [json.loads(meta.read_text()).get("image")
+              for meta in (cache / "artifacts" / "entries").glob("*/meta.json")]
+    [efa] = [ref for ref in images if ref and "/efa:" in ref]
+    subprocess.run(["docker", "image", "rm", efa], check=True, capture_output=True)
+    again = build_output(sample_manifest, cache, "efa-nccl", tmp_path / "again")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (tmp_path / "again/opt/amazon/efa/bin/fi_info").exists()
+    assert re.search(r"^efa\s+built\b", again.stdout, re.M), again.stdout

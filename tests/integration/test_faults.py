@@ -73,8 +73,8 @@ def test_daemon_stopped_mid_build_exits_6_and_a_build_after_restart_succeeds(
     dockerd2.kill(how)
     assert running.finish() == 6, running.stderr
     assert "Traceback" not in running.stderr
-    assert running.last_line.startswith("imageforge: the Docker daemon stopped answering "
-                                        "during the build;"), running.stderr
+    assert running.last_line.startswith("imageforge: error: the Docker daemon stopped "
+                                        "answering during the build;"), running.stderr
     assert_cache_consistent(tmp_path)
     assert not (tmp_path / "artifacts" / "entries").exists()
     dockerd2.start()
@@ -112,7 +112,7 @@ def test_fetch_onto_a_full_disk_exits_9_naming_it(sample_manifest: Path, small_d
     assert result.returncode == 9, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(
-        f"imageforge: the disk holding {cache / 'sources'} is full;"), result.stderr
+        f"imageforge: error: the disk holding {cache / 'sources'} is full;"), result.stderr
     assert_cache_consistent(cache)
     grow(small_disk)
     again = invoke("fetch", "--target", target, "--manifest", str(sample_manifest),
@@ -130,7 +130,7 @@ def test_build_onto_a_full_disk_exits_9_naming_it(sample_manifest: Path, small_d
     assert running.finish() == 9, running.stderr
     assert "Traceback" not in running.stderr
     assert running.last_line.startswith(
-        f"imageforge: the disk holding {cache / 'artifacts'} is full;"), running.stderr
+        f"imageforge: error: the disk holding {cache / 'artifacts'} is full;"), running.stderr
     assert_cache_consistent(cache)
     assert_engine_clean(dockerd2, builders)
     grow(small_disk)
@@ -177,7 +177,7 @@ def test_a_signal_while_building_or_storing_exits_130_and_keeps_nothing_partial(
         running.signal(signal.SIGCONT, group=True)
     assert running.finish() == 130, running.stderr
     assert "Traceback" not in running.stderr
-    assert running.last_line.startswith("imageforge: ")
+    assert running.last_line.startswith("imageforge: error: ")
     assert "interrupted" in running.last_line
     assert not (tmp_path / "artifacts" / "entries").exists()
     assert_cache_consistent(tmp_path)

@@ -40,6 +40,13 @@ PORT = "http://127.0.0.1:8742"
 ONLY_FUNCS = "stages.nccl.only_funcs=AllReduce Sum f32 * *"
 RUN = uuid.uuid4().hex[:8]
 BUILD_TIMEOUT = 3600
+# GNU tar's and gzip's own switches for a reproducible archive: member times fixed, names
+# sorted, no owner names, no pax atime/ctime records, no gzip time stamp. On make's command
+# line, because aws-ofi-nccl's Makefile sets and exports TAR_OPTIONS itself (--owner=0
+# --group=0), which hides the environment's.
+REPRODUCIBLE_DIST = ("TAR_OPTIONS='--owner=0 --group=0 --numeric-owner --mtime=@0 --sort=name"
+                     " --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime'"
+                     " GZIP_ENV='-n --best'")
 
 
 def efa_version() -> str:
@@ -247,14 +254,16 @@ def release_tarball(real_build: tuple[str, str], upstream_root: Path,
                     tmp_path_factory: pytest.TempPathFactory) -> Path:
     """aws-ofi-nccl v1.21.1's release tarball, made as upstream makes it: `make dist` in a
     configured checkout of the tag (configure needs libfabric and CUDA; the built image has
-    both), served beside the EFA installer."""
+    both), served beside the EFA installer, in the same bytes every run (REPRODUCIBLE_DIST),
+    so a later run's plugin build is BuildKit's cache hit, not a configure and compile."""
     tag, _ = real_build
     work = tmp_path_factory.mktemp("ofi-dist")
     subprocess.run(["git", "clone", "--quiet", "--branch", "v1.21.1",
                     str(upstream_root / "git/aws-ofi-nccl.git"), str(work / "src")], check=True)
     docker_out("run", "--rm", "-v", f"{work}:/work", "-w", "/work/src", "--entrypoint", "bash",
                tag, "-c", "./autogen.sh >/dev/null && ./configure --with-libfabric=/opt/amazon/efa"
-               " --with-cuda=/usr/local/cuda >/dev/null && make dist >/dev/null")
+               f" --with-cuda=/usr/local/cuda >/dev/null && make dist {REPRODUCIBLE_DIST}"
+               " >/dev/null")
     tarball = upstream_root / "files/aws-ofi-nccl-1.21.1.tar.gz"
     shutil.copyfile(work / "src/aws-ofi-nccl-1.21.1.tar.gz", tarball)
     return tarball

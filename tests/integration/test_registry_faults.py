@@ -75,7 +75,8 @@ def test_cache_push_to_a_registry_failing_midway_exits_9_then_pushes(
         code, _, last = run(dockerd2, cache, "cache.push", "--remote",
                             f"{proxy.address}/push-{RUN}")
     assert code == 9, last
-    assert last.startswith(f"imageforge: could not push 1 artifact(s) to {proxy.address}/"), last
+    assert last.startswith(f"imageforge: error: could not push 1 artifact(s) to "
+                           f"{proxy.address}/"), last
     assert proxy.failed > 0
     assert entries(cache) == before
     assert_cache_consistent(cache)
@@ -97,8 +98,8 @@ def test_cache_pull_from_a_registry_failing_midway_exits_9_then_pulls(
     with flaky(registry, blob_download) as proxy:
         code, _, last = run(dockerd2, cache, *pull, "--remote", f"{proxy.address}/{remote}")
         assert code == 9, last
-        assert last.startswith(f"imageforge: could not pull artifacts from {proxy.address}/"), \
-            last
+        assert last.startswith(f"imageforge: error: could not pull artifacts from "
+                               f"{proxy.address}/"), last
         assert proxy.failed > 0
         assert entries(cache) == []
         assert_cache_consistent(cache)
@@ -106,7 +107,7 @@ def test_cache_pull_from_a_registry_failing_midway_exits_9_then_pulls(
         proxy.go_down()
         code, _, last = run(dockerd2, cache, *pull, "--remote", f"{proxy.address}/{remote}")
         assert code == 9, last
-        assert last.startswith(f"imageforge: remote cache {proxy.address}/{remote} is "
+        assert last.startswith(f"imageforge: error: remote cache {proxy.address}/{remote} is "
                                "unreachable"), last
     assert_engine_clean(dockerd2, builders)
     code, out, last = run(dockerd2, cache, *pull, "--remote", f"{registry}/{remote}")
@@ -150,7 +151,8 @@ def test_build_push_to_a_failing_registry_exits_12_and_stores_nothing(
         code, _, last = run(dockerd2, tmp_path, *build, "--tag", tag)
     assert code == 12, last
     # The whole sentence: the cause is BuildKit's last words only, no URL, no upload token.
-    said = re.fullmatch(rf"imageforge: pushing {re.escape(tag)} failed \((?P<cause>[^()]+)\); "
+    said = re.fullmatch(rf"imageforge: error: pushing {re.escape(tag)} failed "
+                        r"\((?P<cause>[^()]+)\); "
                         r"the stages built but nothing was tagged or stored: run the build "
                         r"again once the registry answers\.", last)
     assert said is not None, last

@@ -331,5 +331,5 @@ def test_ctrl_c_or_sigterm_mid_job_removes_everything_and_exits_130(
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip() == "imageforge: interrupted."
+    assert err.strip() == "imageforge: error: interrupted."
     assert leftovers(job) == []

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,22 @@ from sample.serve import ServerHandle, start_server
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
+ENTRY = Path(sys.executable).parent / "imageforge"
 SAMPLE_ADDRESS = "http://127.0.0.1:8741"
+
+
+def imageforge(*args: str, cwd: Path, stdin: int | None = None, input: bytes | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The installed `imageforge` command run in `cwd` with a cache of its own there and no
+    manifest or log level from this environment; output decoded, undecodable bytes replaced."""
+    env = {**os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(cwd / "cache")}
+    for name in ("INVOKE_IMAGEFORGE_MANIFEST", "IMAGEFORGE_LOG"):
+        env.pop(name, None)
+    result = subprocess.run([str(ENTRY), *args], cwd=cwd, capture_output=True, env=env,
+                            check=False, timeout=timeout, stdin=stdin, input=input)
+    return subprocess.CompletedProcess(result.args, result.returncode,
+                                       result.stdout.decode(errors="replace"),
+                                       result.stderr.decode(errors="replace"))
 
 
 @pytest.fixture(scope="session")

@@ -163,7 +163,7 @@ def test_a_manifest_with_several_images_needs_a_target_and_lists_them(tmp_path: 
 
 
 USAGE_ERRORS = [
-    (["render", "-o", "/nonexistent/dir/f"], "--output /nonexistent/dir/f: cannot write it"),
+    (["render", "--output", "/nonexistent/dir/f"], "--output /nonexistent/dir/f: cannot write it"),
     (["render", "--format", "yaml"], "--format yaml: unknown format"),
     (["plan", "--graph", "/nonexistent/dir/dag.dot"], "/nonexistent/dir/dag.dot: No such file"),
     (["plan", "--graph", "dag.pdf"], "--graph dag.pdf: unknown format"),
@@ -261,8 +261,9 @@ def test_a_full_standard_output_is_named_not_the_cache_disk() -> None:
                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                 check=False, timeout=120)
     assert result.returncode == 1
-    assert result.stderr.splitlines()[-1] == ("imageforge: standard output: no space left on "
-                                              "its device; send the output somewhere with room.")
+    assert result.stderr.splitlines()[-1] == ("imageforge: error: standard output: no space left "
+                                              "on its device; send the output somewhere with "
+                                              "room.")
     assert "cache.prune" not in result.stderr
 
 
@@ -283,7 +284,7 @@ def test_a_cache_dir_that_cannot_be_one_is_exit_9_naming_the_setting(
     assert result.returncode == 9, result.stderr
     assert result.stdout == ""
     setting = "imageforge.cache_dir (invoke.yaml or INVOKE_IMAGEFORGE_CACHE_DIR)"
-    assert result.stderr.splitlines()[-1].startswith(f"imageforge: {setting} = {cache}: ")
+    assert result.stderr.splitlines()[-1].startswith(f"imageforge: error: {setting} = {cache}: ")
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -304,7 +305,7 @@ def test_a_broken_or_wrongly_typed_invoke_config_is_one_sentence(tmp_path: Path,
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
-    assert line.startswith("imageforge: ")
+    assert line.startswith("imageforge: error: ")
     assert says in line
 
 

@@ -64,7 +64,7 @@ def test_warnings_and_notes_go_to_stderr_with_the_prefix(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == ("imageforge: warning: the remote cache is unreachable\n"
-                            "imageforge: waiting for a lock\n")
+                            "imageforge: note: waiting for a lock\n")
 
 
 def test_no_engine_module_starts_a_program_but_cmd() -> None:

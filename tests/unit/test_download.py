@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imageforge.errors import ChecksumError, Interrupted, SourceError
-from imageforge.sources.download import RetryPolicy, download, redact
+from imageforge.sources.download import RetryPolicy, download
+from imageforge.textsafe import redact
 from tests.servers import ScriptedServer
 
 BODY = os.urandom(300_000)
@@ -93,6 +94,14 @@ def test_retry_after_is_capped(server: ScriptedServer, tmp_path: Path) -> None:
     # The capped wait was still waited (backoff alone is at most 0.02 s).
     (gap,) = server.gaps("/f")
     assert gap >= 0.05, gap
+
+
+def test_a_retry_after_that_is_no_number_is_ignored(server: ScriptedServer,
+                                                      tmp_path: Path) -> None:
+    # "²" passes str.isdigit() but not float(): it once ended the download with a traceback.
+    server.route("/f", BODY, failures=1, fail_status=429, retry_after="\u00b2")
+    assert download(server.url("/f"), tmp_path / "f", sha256=DIGEST, policy=FAST) == DIGEST
+    assert server.count("/f") == 2
 
 
 def test_404_is_not_retried(server: ScriptedServer, tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_a_bad_value_in_the_lock_is_refused_naming_file_and_entry(
     assert result.returncode == 8, result.stderr
     assert result.stdout == ""   # no Dockerfile, no plan
     assert "Traceback" not in result.stderr
-    assert result.stderr.startswith(f"imageforge: {path}: ")
+    assert result.stderr.startswith(f"imageforge: error: {path}: ")
     assert says in result.stderr
     assert "run `invoke lock`" in result.stderr
 
@@ -86,3 +86,28 @@ def test_every_committed_lock_passes() -> None:
 
     for path in sorted((ROOT / "manifests").glob("*.lock.json")):
         assert lock.read(path) is not None, path
+
+
+@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a directory", "over the size cap"])
+def test_a_lock_that_never_ends_or_is_too_large_is_refused_unread(tmp_path: Path,
+                                                                  kind: str) -> None:
+    """The lock is read only when it is a regular file of at most 16 MiB: a link to
+    /dev/zero used to be read until memory ran out."""
+    copy = tmp_path / SAMPLE.name
+    copy.write_text(SAMPLE.read_text())
+    path = tmp_path / "sample.lock.json"
+    if kind == "a link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "a directory":
+        path.mkdir()
+    else:
+        with path.open("wb") as sparse:
+            sparse.truncate((16 << 20) + 1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "plan",
+                             "--manifest", str(copy), "--target", "efa"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 8, result.stderr
+    assert "Traceback" not in result.stderr
+    reason = "larger than 16 MiB" if kind == "over the size cap" else "not a regular file"
+    assert f"{path}: not a valid imageforge lock file ({reason})" in result.stderr

@@ -117,7 +117,7 @@ def test_planning_errors_name_the_matrix_entry_not_flags(tmp_path: Path, text: s
     assert result.returncode == code, result.stderr
     # The last line is the error (planning the images before it may note a missing lock).
     error = result.stderr.splitlines()[-1]
-    assert error.startswith(f"imageforge: {path}: image ")
+    assert error.startswith(f"imageforge: error: {path}: image ")
     assert says in error
     assert "Traceback" not in result.stderr
     assert "--set" not in result.stderr

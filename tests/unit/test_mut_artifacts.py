@@ -315,7 +315,7 @@ def test_prune_waits_while_a_build_reads_the_entry(tmp_path: Path,
             assert pruning.is_alive()
             time.sleep(0.05)
             err += capsys.readouterr().err
-        assert err == ("imageforge: waiting for another imageforge process using efa "
+        assert err == ("imageforge: note: waiting for another imageforge process using efa "
                        f"{entry.key[:19]}\n")
         time.sleep(0.5)
         assert store.get(entry.key) is not None

@@ -16,6 +16,7 @@ import requests
 from pytest_httpserver import HTTPServer
 from requests.structures import CaseInsensitiveDict
 
+from imageforge import textsafe
 from imageforge.errors import ChecksumError, SourceError
 from imageforge.sources import download as dl
 
@@ -36,11 +37,11 @@ SHA = hashlib.sha256(BODY).hexdigest()
     ("https://h/x?v=token=1", "https://h/x?v=token=1"),
 ])
 def test_redact_hides_user_info_and_secret_query_values_only(url: str, shown: str) -> None:
-    assert dl.redact(url) == shown
+    assert textsafe.redact(url) == shown
 
 
 def test_redact_of_an_unparseable_url_shows_nothing() -> None:
-    assert dl.redact("https://[::1/x?token=s3cret") == "***"
+    assert textsafe.redact("https://[::1/x?token=s3cret") == "***"
 
 
 def test_a_pin_is_read_in_any_case_with_or_without_its_prefix(tmp_path: Path) -> None:
@@ -253,7 +254,7 @@ def test_giving_up_names_the_attempts_and_the_last_reason(httpserver: HTTPServer
     with pytest.raises(SourceError) as info:
         dl.download(url, tmp_path / "f", sha256=None, policy=policy)
     assert str(info.value) == (
-        f"could not download {dl.redact(url)} after 3 attempt(s): the server answered 503 "
+        f"could not download {textsafe.redact(url)} after 3 attempt(s): the server answered 503 "
         "SERVICE UNAVAILABLE; check the URL and your network, then run again")
     assert len(httpserver.log) == 3
 

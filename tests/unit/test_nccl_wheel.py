@@ -1,7 +1,8 @@
 """`[stages.nccl] provider = "wheel"`: the library of the NCCL wheel the torch wheel pins, locked
 by the sha256 its index publishes and unpacked into the nccl stage's prefix, with no NCCL
 compiled. A real index on 127.0.0.1 serves the wheels (the stand-ins: real torch and NCCL
-wheels are 554 MB and 196 MB; tests/integration/test_real_nccl_wheel.py unpacks the real NCCL one)."""
+wheels are 554 MB and 196 MB; tests/integration/test_real_nccl_wheel.py unpacks the real NCCL
+one)."""
 
 from __future__ import annotations
 

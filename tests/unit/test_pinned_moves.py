@@ -63,5 +63,5 @@ def test_fetch_refuses_before_downloading(tmp_path: Path) -> None:
                             capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[-1].startswith(
-        "imageforge: --set stages.efa.version=1.15.1 moves stages.efa.url, but ")
+        "imageforge: error: --set stages.efa.version=1.15.1 moves stages.efa.url, but ")
     assert not (tmp_path / "sources").exists() or not any((tmp_path / "sources").rglob("*.tar.gz"))

@@ -108,7 +108,7 @@ def test_a_source_only_key_with_wheels_is_refused_naming_it(setting: str, key: s
                             check=False, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"imageforge: {MANIFEST}: stages.pytorch.{key} applies only to "
+        f"imageforge: error: {MANIFEST}: stages.pytorch.{key} applies only to "
         f"provider = \"source\", and this table has provider = \"{provider}\"; remove the key or "
         "change the provider."]
 

@@ -271,5 +271,6 @@ def test_cli_refuses_bad_flags_with_one_line_and_no_traceback(tmp_path: Path) ->
                            "--output", str(tmp_path / "out")],
                           cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "imageforge: --hosts 0: give a whole number of at least 1."
+    assert proc.stderr.strip() == ("imageforge: error: --hosts 0: give a whole number of at "
+                                   "least 1.")
     assert not (tmp_path / "out").exists()

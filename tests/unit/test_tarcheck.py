@@ -197,6 +197,6 @@ def assert_refused(result: subprocess.CompletedProcess[str], url: str) -> None:
     assert result.returncode == 4, result.stderr
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("imageforge: source src-efa"), last
+    assert last.startswith("imageforge: error: source src-efa"), last
     assert url in last, last
     assert "member 'aws-efa-installer/etc' is a symlink to the absolute path '/etc'" in last
