@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,9 @@ from imageforge.model import tomlfile, validate
 from imageforge.textsafe import escaped, shown
 
 KEYS = ("manifest", "target", "tag", "set", "matrix")
+# More images than any team keeps in one file: ten axes of ten values would otherwise expand
+# to 10^10 plans before the first is built.
+MAX_IMAGES = 256
 _PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
 
 
@@ -45,8 +49,10 @@ class Entry:
 
     @property
     def label(self) -> str:
-        sets = " ".join(f"--set {o}" for o in self.overrides)
-        return " ".join(p for p in (str(self.manifest), self.target or "", sets) if p)
+        """The image as output lines name it; its values come from the file, escaped."""
+        sets = " ".join(f"--set {escaped(o)}" for o in self.overrides)
+        return " ".join(p for p in (escaped(str(self.manifest), None),
+                                    escaped(self.target or ""), sets) if p)
 
 
 def load(path: Path) -> list[Entry]:
@@ -65,11 +71,11 @@ def load(path: Path) -> list[Entry]:
                             "target, tag, set, matrix); add at least one.")
     entries: list[Entry] = []
     for index, table in enumerate(images, start=1):
-        entries += _entries(path, index, table)
+        entries += _entries(path, index, table, room=MAX_IMAGES - len(entries))
     return entries
 
 
-def _entries(path: Path, index: int, table: Mapping[str, Any]) -> list[Entry]:
+def _entries(path: Path, index: int, table: Mapping[str, Any], room: int) -> list[Entry]:
     where = f"{escaped(str(path), None)}: image {index}"
     folder = escaped(str(path.parent), None)
     unknown = sorted(set(table) - set(KEYS))
@@ -96,8 +102,11 @@ def _entries(path: Path, index: int, table: Mapping[str, Any]) -> list[Entry]:
             for v in axes.values()):
         raise ManifestError(f"{where}: matrix must map dotted keys to non-empty lists of "
                             'strings, e.g. "stages.efa.version" = ["1.14.1", "1.15.1"].')
-    entries = []
     names = list(axes)
+    if math.prod(len(axes[n]) for n in names) > room:
+        raise ManifestError(f"{where}: [image.matrix] expands the file past {MAX_IMAGES} "
+                            "images; split it into several matrix files or drop values.")
+    entries = []
     for values in itertools.product(*(axes[n] for n in names)) if names else [()]:
         chosen = dict(zip(names, values, strict=True))
         filled = _fill(tag, chosen, where) if tag else None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ManifestError
-from imageforge.model.matrix import Entry, Planned, load, summary
+from imageforge.model.matrix import MAX_IMAGES, Entry, Planned, load, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +65,12 @@ set = ["stages.pytorch.max_jobs=8"]
      "image 1: tag 'Bad Tag!!' is not an image reference"),
     ('[[image]]\nmanifest = "nope.toml"\n',
      "image 1: manifest = 'nope.toml': no such file (paths are relative to"),
+    # Ten axes of ten values: refused before a single combination is made.
+    ('[[image]]\nmanifest = "m.toml"\n[image.matrix]\n' + "".join(
+        f'"stages.x{i}.version" = [{", ".join(f"{chr(34)}{v}{chr(34)}" for v in range(10))}]\n'
+        for i in range(10)), "image 1: [image.matrix] expands the file past 256 images"),
+    # The limit counts the whole file: 256 plain images, then one more.
+    ('[[image]]\nmanifest = "m.toml"\n' * 257, "image 257: [image.matrix] expands the file"),
 ])
 def test_a_bad_matrix_is_one_sentence_naming_file_and_image(tmp_path: Path, text: str,
                                                             says: str) -> None:
@@ -73,6 +79,25 @@ def test_a_bad_matrix_is_one_sentence_naming_file_and_image(tmp_path: Path, text
         load(path)
     assert says in str(caught.value)
     assert str(path) in str(caught.value)
+
+
+def test_a_file_of_exactly_the_limit_loads(tmp_path: Path) -> None:
+    """The limit refuses only what lies beyond it: two axes of 16 values make 256 images."""
+    axis = ", ".join(f'"{v}"' for v in range(16))
+    path = write(tmp_path, f'[[image]]\nmanifest = "m.toml"\n[image.matrix]\n'
+                 f'"stages.efa.version" = [{axis}]\n"image.python" = [{axis}]\n')
+    assert len(load(path)) == MAX_IMAGES == 256
+
+
+def test_the_label_escapes_what_the_file_says(tmp_path: Path) -> None:
+    """A matrix entry's output line shows its values escaped: a newline in a set value cannot
+    forge a second line, an escape sequence cannot reach the terminal."""
+    path = write(tmp_path, '[[image]]\nmanifest = "m.toml"\ntarget = "efa\\u001b[2J"\n'
+                 'set = ["stages.efa.version=1\\nPASS all"]\n')
+    label = load(path)[0].label
+    assert "\n" not in label
+    assert "\x1b" not in label
+    assert label == f"{tmp_path / 'm.toml'} efa\\x1b[2J --set stages.efa.version=1\\nPASS all"
 
 
 def test_the_summary_counts_each_shared_key_once() -> None:
