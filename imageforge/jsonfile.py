@@ -4,15 +4,40 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
+
+# Far more than any lock, record or report imageforge writes: a file beyond it is not one of
+# them, and a link to /dev/zero would otherwise be read until memory ran out.
+MAX_BYTES = 16 << 20
+
+
+def read_bounded(path: Path) -> str:
+    """The UTF-8 text of `path`, a regular file of at most MAX_BYTES. Raises OSError when it
+    cannot be read (FileNotFoundError when missing) and ValueError for anything else: not a
+    regular file, too large, not UTF-8."""
+    # Stat before opening: opening a FIFO for reading would wait for a writer.
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise ValueError("not a regular file")
+    with path.open("rb") as data:
+        raw = data.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"larger than {MAX_BYTES >> 20} MiB")
+    return raw.decode("utf-8")
+
+
+def load(path: Path) -> Any:
+    """The JSON value in `path`, read as read_bounded reads; raises as it does (a syntax error
+    is a ValueError too)."""
+    return json.loads(read_bounded(path))
 
 
 def read_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in `path`; None when it is missing, unreadable or not an object."""
     try:
-        data = json.loads(path.read_text())
+        data = load(path)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -35,13 +36,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import engineapi
+from imageforge import engineapi, jsonfile
 
 VERSION = 1
 # Variables a shell changes between identical commands; every other one is in the key.
 _VOLATILE_ENV = frozenset({"_", "OLDPWD", "SHLVL", "PWD"})
 # Never what a build is made of. (Temporary directories are: a manifest may live there.)
 _NOT_INPUTS = ("/proc/", "/sys/", "/dev/")
+# A target names the report file: a stage or image name, never a path.
+_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
@@ -94,7 +97,7 @@ def record_name(argv: Sequence[str]) -> str:
 def _stat(path: str) -> list[int] | None:
     try:
         info = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):   # ValueError: a NUL in a path read from a record
         return None
     return [info.st_size, info.st_mtime_ns, info.st_ino]
 
@@ -160,22 +163,57 @@ def answer(argv: Sequence[str]) -> bool:
     if argv[:1] != ["build"]:
         return False
     try:
-        record = json.loads((records_dir() / f"{record_name(argv)}.json").read_text())
-        if record.get("version") != VERSION or not _unchanged(record):
-            return False
-    except (OSError, ValueError, KeyError, TypeError):
+        record = jsonfile.load(records_dir() / f"{record_name(argv)}.json")
+    except (OSError, ValueError):
         return False
-    save_report(Path(record["cache_dir"]), record["report"])
+    try:
+        if not _well_formed(record) or not _unchanged(record):
+            return False
+        save_report(Path(record["cache_dir"]), record["report"])
+    except (OSError, ValueError, KeyError):
+        # The engine could not be asked, or the cache cannot take the report: the full
+        # build runs, and says so in its own words.
+        return False
     for entry in record["entries"]:
         _touch(Path(entry) / "meta.json")
     print(record["stdout"])
     return True
 
 
+def _well_formed(record: Any) -> bool:
+    """Whether `record` has the shape `remember` writes: a record is a file like any other,
+    and one that is not imageforge's answers nothing (the full build runs)."""
+    def stats(value: Any) -> bool:
+        return isinstance(value, list) and all(
+            isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+            and (item[1] is None or (isinstance(item[1], list)
+                                     and all(type(n) is int for n in item[1])))
+            for item in value)
+
+    return (isinstance(record, dict) and record.get("version") == VERSION
+            and stats(record.get("files")) and stats(record.get("dirs"))
+            and isinstance(record.get("images"), dict)
+            and all(isinstance(k, str) and isinstance(v, str)
+                    for k, v in record["images"].items())
+            and isinstance(record.get("entries"), list)
+            and all(isinstance(e, str) and os.path.isabs(e) for e in record["entries"])
+            and isinstance(record.get("cache_dir"), str)
+            and os.path.isabs(record["cache_dir"])
+            and isinstance(record.get("report"), dict)
+            and isinstance(record["report"].get("target"), str)
+            and _TARGET.fullmatch(record["report"]["target"]) is not None
+            and isinstance(record.get("stdout"), str)
+            and record["stdout"].replace("\n", "").isprintable())
+
+
 def _unchanged(record: Mapping[str, Any]) -> bool:
     for path, stat in (*record["files"], *record["dirs"]):
         if _stat(path) != stat:
             return False
+    # The report goes to the cache directory: one that holds no artifact store is not the
+    # one this build used.
+    if not Path(record["cache_dir"], "artifacts").is_dir():
+        return False
     if not all(Path(e, "meta.json").is_file() for e in record["entries"]):
         return False
     wanted: dict[str, str | None] = record["images"]

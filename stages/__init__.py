@@ -18,6 +18,7 @@ from typing import Final
 
 from imageforge.errors import UsageError
 from imageforge.model.stage import Stage
+from imageforge.textsafe import escaped
 from stages import (
     aws_ofi_nccl,
     base,
@@ -54,15 +55,15 @@ def _discover(directories: tuple[Path, ...]) -> Mapping[str, Stage]:
     where = {name: "imageforge's stages/" for name in registry}
     for directory in directories:
         if not directory.is_dir():
-            raise UsageError(f"imageforge.stage_dirs: {directory} is not a directory; create "
-                             "it or remove it from invoke.yaml.")
+            raise UsageError(f"imageforge.stage_dirs: {escaped(str(directory), None)} is not a "
+                             "directory; create it or remove it from invoke.yaml.")
         for path in sorted(directory.glob("*.py")):
             if path.name.startswith("_"):
                 continue
             stage = _load(path)
             if stage.name in where:
-                raise UsageError(f"{path}: stage {stage.name!r} is already defined in "
-                                 f"{where[stage.name]}; give yours another name.")
+                raise UsageError(f"{escaped(str(path), None)}: stage {stage.name!r} is already "
+                                 f"defined in {where[stage.name]}; give yours another name.")
             registry[stage.name] = stage
             where[stage.name] = str(path)
     for name, stage in registry.items():

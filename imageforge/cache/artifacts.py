@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge import log
+from imageforge import jsonfile, log
 from imageforge.cache import diskfull
 from imageforge.cache.imagestore import ImageStore, artifact_ref
 from imageforge.cache.keylock import locked
@@ -93,11 +93,11 @@ class ArtifactStore:
         """The entry for `key` if it is in the store (cheap: reads its metadata only)."""
         meta = self.entry_root / key_hex(key) / "meta.json"
         try:
-            data = json.loads(meta.read_text())
+            data = jsonfile.load(meta)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
-            return None
+        except (OSError, ValueError) as exc:
+            data = exc
         why = _meta_problem(data, key)
         if why:
             # A record is input like any file: one it cannot read is a stage to rebuild.
@@ -409,6 +409,8 @@ _META_TYPES: dict[str, tuple[type, ...]] = {
 
 def _meta_problem(data: Any, key: str) -> str | None:
     """Why an entry's meta.json cannot be an Entry for `key`, or None."""
+    if isinstance(data, Exception):
+        return f"not readable ({data})"
     if not isinstance(data, dict):
         return "not a JSON object"
     missing = sorted(set(_META_TYPES) - set(data) - {"image"})

@@ -14,6 +14,7 @@ from imageforge.errors import CacheError, UsageError
 from imageforge.jsonfile import read_object
 from imageforge.planning import project
 from imageforge.planning.execute import to_build
+from imageforge.textsafe import escaped
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.I)
@@ -123,7 +124,9 @@ def explain(settings: project.Settings, target: str) -> str:
     for name in building:
         stage = planned.stage(name)
         last = read_object(last_dir / f"{name}.json")
-        if last is None:
+        if last is None or not isinstance(last.get("inputs"), dict) or not isinstance(
+                last.get("deps", {}), dict):
+            # Missing, or not a record imageforge wrote: nothing known of its last build.
             lines.append(f"{name}: never built with this cache")
             continue
         reasons = _differences(last["inputs"], dict(stage.inputs))
@@ -144,4 +147,6 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _show(value: Any) -> str:
-    return "(unset)" if value is None else str(value)
+    # A record's values are shown escaped, and cut where no URL or version reaches: the file
+    # could hold anything.
+    return "(unset)" if value is None else escaped(str(value), 400)

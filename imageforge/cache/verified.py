@@ -12,12 +12,11 @@ under the key is refused rather than used.
 from __future__ import annotations
 
 import json
-import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
+from imageforge import jsonfile
 from imageforge.cache.artifacts import key_hex
 from imageforge.errors import NotReproducibleError
 
@@ -40,17 +39,20 @@ def record(cache_dir: Path, *, key: str, stage: str, digest: str,
         remotes[remote] = remote_digest
     data = {"key": key, "stage": stage, "digest": digest, "remotes": remotes,
             "verified_at": time.time()}
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    jsonfile.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def lookup(cache_dir: Path, key: str) -> dict[str, Any] | None:
-    try:
-        data = json.loads(_path(cache_dir, key).read_text())
-    except (OSError, ValueError):
+    """The record of `key`'s verified rebuild; None when there is none or it is not one
+    imageforge wrote (it proves nothing then, so the artifact counts as unverified)."""
+    data = jsonfile.read_object(_path(cache_dir, key))
+    if data is None or data.get("key") != key or not isinstance(data.get("digest"), str):
         return None
-    return data if isinstance(data, dict) and data.get("key") == key else None
+    remotes = data.get("remotes", {})
+    if not isinstance(remotes, dict) or not all(
+            isinstance(v, str) for v in remotes.values()):
+        return None
+    return data
 
 
 def verified_remote_digest(cache_dir: Path, key: str, repository: str) -> str | None:

@@ -164,7 +164,7 @@ def passed_record(cache_dir: Path, digest: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        record = json.loads(path.read_text())
+        record = jsonfile.load(path)
     except (OSError, ValueError) as exc:
         # Corrupt or unreadable: no proof the image passed, which `promote` then says.
         log.warning(f"{path}: not a test record imageforge wrote ({exc}); ignoring it.")

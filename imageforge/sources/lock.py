@@ -24,13 +24,13 @@ import dataclasses
 import functools
 import json
 import os
-import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any, Protocol
 
+from imageforge import jsonfile
 from imageforge.cmd import run
 from imageforge.errors import DockerError, FatalError, LockError, ManifestError
 from imageforge.model import extends, lockpin
@@ -112,22 +112,6 @@ class Lock:
         return {path[0]: entry.pin for path, entry in self.entries.items() if len(path) == 1}
 
 
-# The largest lock shipped (a torch wheel closure with every hash) is 116 KB; a lock is input
-# like the manifest, and one that is a link to /dev/zero must not be read until memory ends.
-MAX_LOCK_BYTES = 16 << 20
-
-
-def _read_bounded(path: Path) -> str:
-    """The text of the lock at `path`: a regular file of at most MAX_LOCK_BYTES."""
-    info = path.stat()
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError("not a regular file")
-    with path.open("rb") as data:
-        raw = data.read(MAX_LOCK_BYTES + 1)
-    if len(raw) > MAX_LOCK_BYTES:
-        raise ValueError(f"larger than {MAX_LOCK_BYTES >> 20} MiB")
-    return raw.decode("utf-8")
-
 
 def read(path: Path, *, old_ok: bool = False) -> Lock | None:
     """The lock at `path`, None when there is none (or, with `old_ok`, when an older
@@ -135,7 +119,7 @@ def read(path: Path, *, old_ok: bool = False) -> Lock | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(_read_bounded(path))
+        data = jsonfile.load(path)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
