@@ -6,6 +6,9 @@ The binaries are installed under `<prefix>/bin`.
 # Parameters
 version: tag without the leading v, or a branch name with `ref` set to it.
 prefix: install prefix of the binaries (default /opt/nccl-tests).
+only_tests: build only these tests, by the names of nccl-tests' own BIN_FILES_LIST (e.g.
+  ["all_reduce"] for all_reduce_perf). The match of NCCL's only_funcs: with only AllReduce
+  kernels the other tests cannot run anyway. For CI builds, never for production images.
 
 # Examples
 ```toml
@@ -34,13 +37,16 @@ def recipe(ctx: Context) -> str:
     arches = ctx.image["cuda_arch"]
     # Without NVCC_GENCODE nccl-tests builds 6 archs: 3.5x slower, 263 MB of binaries.
     gencode_var = [f"NVCC_GENCODE={gencode(arches)}"] if arches else []
+    only = ctx.of("nccl-tests").get("only_tests")
+    # A make variable of nccl-tests' src/Makefile, overridden from the command line.
+    only_var = [f"BIN_FILES_LIST={' '.join(only)}"] if only else []
     return run(
         # Both builds of every binary ran all_reduce_perf on an H200 with #wrong 0.
         *reproducible_nvcc(ctx.image.get("cuda"), device_link=False),
         "cd /tmp/nccl-tests",
         'make -j"$(nproc)" ' + sh(
             "MPI=1", "MPI_HOME=/opt/amazon/openmpi", f"CUDA_HOME={ctx.image['cuda_home']}",
-            f"NCCL_HOME={ctx.of('nccl')['prefix']}", *gencode_var,
+            f"NCCL_HOME={ctx.of('nccl')['prefix']}", *gencode_var, *only_var,
         ),
         sh("mkdir", "-p", bindir),
         f"cp build/*_perf {sh(bindir)}/",
@@ -77,6 +83,9 @@ STAGE = Stage(
         **git_fields(repo="https://github.com/NVIDIA/nccl-tests.git", ref="v{version}",
                      what="nccl-tests"),
         "prefix": Field(kind="path", default="/opt/nccl-tests", help="install prefix"),
+        "only_tests": Field(
+            kind="names",
+            help='build only these tests, e.g. ["all_reduce"] (for CI, with NCCL\'s only_funcs)'),
     },
     sources=sources,
     recipe=recipe,

@@ -80,7 +80,7 @@ ALLOWED: Final[dict[str, str]] = {
     "entry_point": "a Python entry point like 'package.module:function'",
     "host_path": "a directory path (relative to the manifest, or absolute) without spaces",
     "file_name": "a relative file path like 'train.py' or 'src/train.py', without '..'",
-    "names": "a list of stage names like [\"efa\", \"nccl\"]",
+    "names": "a list of lower-case names (letters, digits, . _ -) like [\"efa\", \"nccl\"]",
 }
 
 

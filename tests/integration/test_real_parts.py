@@ -5,8 +5,10 @@ over git smart HTTP on 127.0.0.1), a real CUDA 13.0 toolchain (NVIDIA's wheels f
 out by scripts/cuda-base.sh, with the distro NCCL such bases carry), Debian's real libfabric
 1.17, rdma-core and Open MPI 4.1 through the EFA installer stand-in (the real installer is an
 S3-only download: the one stand-in here). NCCL is built with ONLY_FUNCS="AllReduce Sum f32 * *"
-(NCCL's own developer switch, a keyed manifest key) so the cold build takes minutes; `make
-demo-real` builds the full library. Each recipe fix has an assertion here that fails without it.
+(NCCL's own developer switch, a keyed manifest key) so the cold build takes minutes, and
+nccl-tests with only_tests = ["all_reduce"] (the one test those kernels can run; nccl-tests'
+own BIN_FILES_LIST); `make demo-real` builds the full library and every test. Each recipe
+fix has an assertion here that fails without it.
 
 NCCL is manifests/real-efa-nccl.toml's with the version set to 2.28.9: the NCCL torch 2.11's
 cu130 wheel pins (manifests/real-torch211.toml, run on the H200 in docs/real-hardware.md).
@@ -38,6 +40,7 @@ MANIFEST = ROOT / "manifests/real-efa-nccl.toml"
 NCCL = "2.28.9"
 PORT = "http://127.0.0.1:8742"
 ONLY_FUNCS = "stages.nccl.only_funcs=AllReduce Sum f32 * *"
+ONLY_TESTS = "stages.nccl-tests.only_tests=all_reduce"
 RUN = uuid.uuid4().hex[:8]
 BUILD_TIMEOUT = 3600
 # GNU tar's and gzip's own switches for a reproducible archive: member times fixed, names
@@ -97,7 +100,8 @@ def real_build(real_manifest: Path, cache_dir: Path) -> tuple[str, str]:
     """(tag, output) of the efa-nccl build with its image checks."""
     tag = f"imageforge-test/real-efa-nccl:{RUN}"
     result = invoke("build", "--target", "efa-nccl", "--manifest", str(real_manifest),
-                    "--set", ONLY_FUNCS, "--locked", "--tag", tag, "--progress", "plain",
+                    "--set", ONLY_FUNCS, "--set", ONLY_TESTS, "--locked", "--tag", tag,
+                    "--progress", "plain",
                     cache=cache_dir, timeout=BUILD_TIMEOUT)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     return tag, result.stdout
@@ -112,7 +116,8 @@ def test_real_stages_rebuilt_from_scratch_are_the_same(real_manifest: Path,
     .reproducible_nvcc), the efa stand-in that runs apt (pkgcache.bin differed before
     dockerfile.APT_CLEAN), aws-ofi-nccl (autotools against Debian's libfabric) and the image."""
     result = invoke("verify", "--rebuild", "--target", "efa-nccl", "--manifest",
-                    str(real_manifest), "--set", ONLY_FUNCS, "--json", "--progress", "plain",
+                    str(real_manifest), "--set", ONLY_FUNCS, "--set", ONLY_TESTS, "--json",
+                    "--progress", "plain",
                     cache=cache_dir, timeout=BUILD_TIMEOUT)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     verdicts = {v["stage"]: v["result"] for v in json.loads(result.stdout)["stages"]}
@@ -217,23 +222,26 @@ def test_plugin_resolves_debian_libfabric_and_rdma_core(real_build: tuple[str, s
 
 def test_nccl_tests_are_built_for_the_manifest_arch_only(real_build: tuple[str, str]) -> None:
     tag, _ = real_build
-    # Without NVCC_GENCODE nccl-tests builds 6 archs: 263 MB of binaries. sm_90 alone
-    # (SASS, plus PTX so they also run on newer GPUs) is about 71 MB.
+    # Without NVCC_GENCODE nccl-tests builds 6 archs: 263 MB for its 11 binaries. sm_90 alone
+    # (SASS, plus PTX so they also run on newer GPUs) is about 71 MB, 6.5 MB a binary.
     size = int(run_in(tag, "du -sb /opt/nccl-tests/bin | cut -f1"))
-    assert size < 120 * 1024 * 1024, size
-    assert "all_reduce_perf" in run_in(tag, "ls /opt/nccl-tests/bin")
+    assert size < 15 * 1024 * 1024, size
+    # only_tests: all_reduce_perf alone.
+    assert run_in(tag, "ls /opt/nccl-tests/bin").split() == ["all_reduce_perf"]
 
 
-def test_only_funcs_is_keyed(real_manifest: Path, cache_dir: Path) -> None:
-    def nccl_key(*sets: str) -> str:
-        result = invoke("plan", "--target", "nccl", "--manifest", str(real_manifest), "--json",
-                        *[w for s in sets for w in ("--set", s)], cache=cache_dir)
+def test_only_funcs_and_only_tests_are_keyed(real_manifest: Path, cache_dir: Path) -> None:
+    def keys(*sets: str) -> dict[str, str]:
+        result = invoke("plan", "--target", "nccl-tests", "--manifest", str(real_manifest),
+                        "--json", *[w for s in sets for w in ("--set", s)], cache=cache_dir)
         assert result.returncode == 0, result.stderr
-        key: str = next(s["key"] for s in json.loads(result.stdout)["stages"]
-                        if s["name"] == "nccl")
-        return key
+        return {s["name"]: s["key"] for s in json.loads(result.stdout)["stages"]}
 
-    assert nccl_key(ONLY_FUNCS) != nccl_key()
+    plain, funcs, tests = keys(), keys(ONLY_FUNCS), keys(ONLY_TESTS)
+    assert funcs["nccl"] != plain["nccl"]
+    assert funcs["nccl-tests"] != plain["nccl-tests"]   # built against another libnccl
+    assert tests["nccl"] == plain["nccl"]
+    assert tests["nccl-tests"] not in (plain["nccl-tests"], funcs["nccl-tests"])
 
 
 def test_platform_aws_is_refused_on_libfabric_1_17(real_manifest: Path,

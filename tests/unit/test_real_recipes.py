@@ -44,6 +44,15 @@ def test_every_make_line_of_nccl_and_nccl_tests_gets_nvcc_gencode() -> None:
             assert "NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90" in line, (stage, line)
 
 
+def test_only_tests_narrows_nccl_tests_make_to_those_binaries() -> None:
+    """nccl-tests' src/Makefile builds $(BIN_FILES_LIST:%=%_perf); a command-line value
+    overrides its own list, in the sub-make too."""
+    (line,) = make_lines(recipes("stages.nccl-tests.only_tests=all_reduce,sendrecv")
+                         ["nccl-tests"])
+    assert "'BIN_FILES_LIST=all_reduce sendrecv'" in line
+    assert not any("BIN_FILES_LIST" in line for line in make_lines(recipes()["nccl-tests"]))
+
+
 def test_nvcc_names_its_temporary_files_after_the_object_in_both_nvcc_stages() -> None:
     found = recipes()
     for stage in ("nccl", "nccl-tests"):
