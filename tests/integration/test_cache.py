@@ -69,7 +69,8 @@ def test_fresh_local_cache_with_warm_registry_builds_nothing(
     statuses = {s["name"]: s["status"] for s in json.loads(plan.stdout)["stages"]}
     # base is only its FROM line: the base image itself is its artifact.
     assert statuses.pop("base") == "cached"
-    assert set(statuses.values()) == {"remote"}
+    # The warm build's stderr says why a stage is missing (a push that failed is a warning).
+    assert set(statuses.values()) == {"remote"}, (statuses, warm.stderr[-3000:])
     cold = build(sample_manifest, tmp_path / "b", "--remote", remote, env=registry_env())
     assert cold.returncode == 0, cold.stderr
     assert "built" not in set(last_report(tmp_path / "b").values())
