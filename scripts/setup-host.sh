@@ -34,9 +34,11 @@ DOCKERD_LOG=/var/log/imageforge-dockerd.log
 CONTAINERD_LOG=/var/log/imageforge-containerd.log
 DAEMON_JSON=/etc/docker/daemon.json
 START_TIMEOUT=60
-# BuildKit's cache beyond this is collected, least recently used first (Docker Desktop's
-# default too); imageforge keeps its artifacts in its own cache, not in BuildKit's.
-BUILDKIT_KEEP=${BUILDKIT_KEEP:-20GB}
+# BuildKit's cache beyond this is collected, least recently used first; imageforge keeps its
+# artifacts in its own cache, not in BuildKit's. `make test` alone leaves 25 GB there (the
+# real parts, the CUDA base and a torch wheel closure): at Docker Desktop's 20 GB BuildKit
+# collected NCCL's layers between two runs, and the next compiled NCCL again (9 minutes).
+BUILDKIT_KEEP=${BUILDKIT_KEEP:-40GB}
 
 log() { echo "setup-host: $*"; }
 die() { echo "setup-host: error: $*" >&2; exit 1; }

@@ -139,7 +139,7 @@ def read(path: Path, *, old_ok: bool = False) -> Lock | None:
     if epoch:
         raise LockError(f"{path}: {epoch}; delete the key and run `invoke lock`.")
     for entry_path, entry in entries.items():
-        found = lockcheck.problem(entry.pin)
+        found = lockcheck.problem(entry.pin, entry_path[0])
         if found:
             key, why = found
             raise LockError(f"{path}: {name(entry_path)}.{key}: {why}; a lock holds only what "

@@ -62,8 +62,24 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def problem(pin: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first pin key whose value is not allowed, and why."""
+def _names(value: Any) -> str | None:
+    if isinstance(value, list) and all(validate.problem("name", v) is None for v in value):
+        return None
+    return "expected a list of stage names"
+
+
+CHECKS["provides"] = _names
+
+# Keys an entry of these sections cannot be without: settling reads them.
+REQUIRED: dict[str, tuple[str, ...]] = {"pip": ("packages",), "upgraded": ("to",),
+                                        "extends": ("provides",)}
+
+
+def problem(pin: Mapping[str, Any], section: str = "") -> tuple[str, str] | None:
+    """The first pin key whose value is not allowed or that is missing, and why."""
+    for key in REQUIRED.get(section, ()):
+        if key not in pin:
+            return key, "missing"
     for key, check in CHECKS.items():
         if key in pin:
             why = check(pin[key])

@@ -1,7 +1,8 @@
 """A bake that failed only in a way BuildKit gets past on a second attempt runs again, with its
 half-written outputs removed first: containerd's blob-lock race (moby/buildkit#1491), the
 solver's "inconsistent graph state" (moby/buildkit#2303) and containerd's lost snapshot (a bare
-"not found", moby/buildkit#6977). Any other failure is not retried.
+"not found", moby/buildkit#6977) and a cache record lost after it was matched (moby/buildkit#3635,
+the message copied from a `make test` of this project). Any other failure is not retried.
 
 None can be started on demand (the race needs two exporters to write one blob within the
 same few milliseconds; the solver's lost edge, a build merged with one that has ended, is a
@@ -29,6 +30,8 @@ LOCKED = ("ERROR: (*service).Write failed: rpc error: code = Unavailable desc = 
           "unavailable")
 LOST_EDGE = "ERROR: failed to solve: failed to get edge: inconsistent graph state"
 LOST_SNAPSHOT = "ERROR: failed to solve: not found"
+LOST_RECORD = ("ERROR: failed to solve: failed to compute cache key: failed to get state for "
+               "index 1 on [aws-ofi-nccl 1/2] COPY --from=nccl /out/ /")
 MISSING_FILE = ('ERROR: failed to solve: failed to compute cache key: failed to calculate '
                 'checksum of ref abc::def: "/groovy": not found')
 MISSING_IMAGE = ("ERROR: failed to solve: imageforge/base:nope: failed to resolve source "
@@ -48,6 +51,8 @@ def test_only_errors_another_attempt_gets_past_count_as_transient() -> None:
     assert transient(STAGE_FAILED) is None
     assert transient("") is None
     assert "not found" in (transient(f"#3 [internal] load metadata\n{LOST_SNAPSHOT}\n") or "")
+    assert "failed to get state" in (transient(f"#9 [aws-ofi-nccl 1/2]\n{LOST_RECORD}") or "")
+    assert transient(f"{LOST_RECORD}\n{STAGE_FAILED}") is None
     assert transient(MISSING_FILE) is None
     assert transient(MISSING_IMAGE) is None
     assert transient("ERROR: failed to push x: ref y locked for 1s: unauthorized") is None

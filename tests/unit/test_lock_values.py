@@ -30,6 +30,15 @@ def _set(*path: str, value: Any) -> Edit:
     return edit
 
 
+def _del(*path: str) -> Edit:
+    def edit(lock: dict[str, Any]) -> None:
+        node = lock
+        for part in path[:-1]:
+            node = node[part]
+        del node[path[-1]]
+    return edit
+
+
 def _first_package(key: str, value: Any) -> Edit:
     return lambda lock: lock["pip"]["pytorch"]["packages"][0].__setitem__(key, value)
 
@@ -53,6 +62,8 @@ CASES = [
      "stages.nccl-tests.src-nccl-tests.commit"),
     (TORCH, _set("source_date_epoch", value="yesterday"), "source_date_epoch 'yesterday'"),
     (SAMPLE, _set("base", "digest", value="sha256:" + "A" * 64), "base.digest"),
+    # Found by tests/unit/test_hostile_records.py: a KeyError while settling.
+    (TORCH, _del("pip", "pytorch", "packages"), "pip.pytorch.packages: missing"),
 ]
 
 
