@@ -293,7 +293,7 @@ def test_plugin_builds_from_its_make_dist_release_tarball(
     lock = manifest.with_name("real-efa-nccl.lock.json").read_text()
     assert hashlib.sha256(release_tarball.read_bytes()).hexdigest() in lock
     plan = invoke("plan", "--target", "efa-nccl", "--manifest", str(manifest), "--json",
-                  "--set", ONLY_FUNCS, cache=cache_dir)
+                  "--set", ONLY_FUNCS, "--set", ONLY_TESTS, cache=cache_dir)
     assert plan.returncode == 0, plan.stderr
     status = {s["name"]: s["status"] for s in json.loads(plan.stdout)["stages"]}
     # Only the plugin and the image it is in change; NCCL and nccl-tests are reused.
@@ -301,7 +301,8 @@ def test_plugin_builds_from_its_make_dist_release_tarball(
     assert status["aws-ofi-nccl"] != "cached", status
     tag = f"imageforge-test/real-efa-nccl:dist-{RUN}"
     result = invoke("build", "--target", "efa-nccl", "--manifest", str(manifest), "--set",
-                    ONLY_FUNCS, "--locked", "--tag", tag, "--progress", "plain",
+                    ONLY_FUNCS, "--set", ONLY_TESTS, "--locked", "--tag", tag, "--progress",
+                    "plain",
                     cache=cache_dir, timeout=BUILD_TIMEOUT)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     assert checks_passed(result.stdout), result.stdout[-4000:]
