@@ -249,6 +249,16 @@ def untag_run(run: str) -> None:
                        check=False)
 
 
+def untagging(run: str) -> Callable[[], Iterator[None]]:
+    """A module's autouse fixture (`remove_tags = untagging(RUN)`) that untags its images
+    once the module is done."""
+    @pytest.fixture(scope="module", autouse=True)
+    def remove_tags() -> Iterator[None]:
+        yield
+        untag_run(run)
+    return remove_tags
+
+
 # The test registry's password: chosen per session, handed to compose through the
 # environment, and searched for in outputs by the secret tests.
 REGISTRY_USER = "imageforge"

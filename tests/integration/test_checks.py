@@ -9,13 +9,12 @@ import subprocess
 import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import docker_out, invoke, untag_run
+from tests.integration.conftest import docker_out, invoke, untagging
 
 RUN = uuid.uuid4().hex[:8]
 LOADED_CHECK = "libnccl loaded by import torch is the nccl stage's (ncclGetVersion)"
@@ -23,11 +22,8 @@ NCCL_LOADED_CHECK = "ncclGetVersion of the libnccl a process loads is the pin"
 ONE_CHECK = "exactly one libnccl visible to the dynamic linker"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def remove_tags() -> Iterator[None]:
-    """Untag every image this module made (the layers stay in BuildKit's cache)."""
-    yield
-    untag_run(RUN)
+# Every image this module made is untagged at its end (the layers stay in BuildKit's cache).
+remove_tags = untagging(RUN)
 
 
 @pytest.fixture(scope="module")

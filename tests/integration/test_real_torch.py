@@ -21,7 +21,6 @@ import hashlib
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from imageforge.model.stage import Check
 from imageforge.planning import project
 from imageforge.planning.plan import Plan
 from stages import STAGES
-from tests.integration.conftest import ROOT, docker_out, invoke, untag_run
+from tests.integration.conftest import ROOT, docker_out, invoke, untagging
 
 RUN = uuid.uuid4().hex[:8]
 MANIFEST = ROOT / "manifests" / "torch211-nccl-wheel.toml"
@@ -48,11 +47,8 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 OTHER_NCCL = "2.28.7"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def remove_tags() -> Iterator[None]:
-    """Untag every image this module made (the layers stay in BuildKit's cache)."""
-    yield
-    untag_run(RUN)
+# Every image this module made is untagged at its end (the layers stay in BuildKit's cache).
+remove_tags = untagging(RUN)
 
 
 @pytest.fixture(scope="module")
