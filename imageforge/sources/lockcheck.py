@@ -50,6 +50,12 @@ def _packages(value: Any) -> str | None:
     return None
 
 
+def _names(value: Any) -> str | None:
+    if isinstance(value, list) and all(validate.problem("name", v) is None for v in value):
+        return None
+    return "expected a list of stage names"
+
+
 # Pin key -> why its value is wrong (None: fine).
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "sha256": _kind("sha256"),
@@ -59,16 +65,9 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "to": _kind("version"),
     "wheel_url": _kind("url"),
     "packages": _packages,
+    "provides": _names,
 }
 
-
-def _names(value: Any) -> str | None:
-    if isinstance(value, list) and all(validate.problem("name", v) is None for v in value):
-        return None
-    return "expected a list of stage names"
-
-
-CHECKS["provides"] = _names
 
 # Keys an entry of these sections cannot be without: settling reads them.
 REQUIRED: dict[str, tuple[str, ...]] = {"pip": ("packages",), "upgraded": ("to",),
