@@ -58,8 +58,21 @@ def left_behind(before: set[tuple[str, str]], after: set[tuple[str, str]]) -> li
     # test images another worker made meanwhile and still uses.
     only = os.environ.get(ONLY_ENV, "")
     tags = sorted(name for name, _ in new if TEST_IMAGES.match(name) and only in name)
-    untagged = sorted({ident for name, ident in new if name == UNTAGGED})
+    untagged = sorted({ident for name, ident in new if name == UNTAGGED
+                       and (not only or only in history(ident))})
     return tags + untagged
+
+
+def history(ident: str) -> str:
+    """The commands that made image `ident`: an untagged image has no name to hold a token,
+    but its build steps do (a worker's own untagged results must survive a child session)."""
+    try:
+        shown = subprocess.run(["docker", "image", "history", "--no-trunc", "--format",
+                                "{{.CreatedBy}}", ident], capture_output=True, text=True,
+                               check=False, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return shown.stdout
 
 
 def remove_images(names: list[str]) -> None:
