@@ -3,6 +3,7 @@
 python -m sample generate --out DIR
 python -m sample serve --dir DIR [--host 127.0.0.1] [--port 8741] [--verbose]
 python -m sample build --dir DIR --work WORK     (host builds, prints seconds per step)
+python -m sample efa-installer --version V --out DIR   (an installer that ships aws-ofi-nccl)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from sample.generate import generate
+from sample.generate import BUNDLING_EFA_RELEASES, efa_artifact, generate
 from sample.gitrepo import GitError
 from sample.hostbuild import BuildFailed, HostBuild, build_all
 from sample.native import NativeBuildError
@@ -39,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     bld.add_argument("--dir", type=Path, required=True, help="directory written by generate")
     bld.add_argument("--work", type=Path, required=True, help="scratch directory for the builds")
     bld.add_argument("--no-autotools", action="store_true", help="skip aws-ofi-nccl")
+    efa = commands.add_parser("efa-installer",
+                              help="write an EFA installer that ships aws-ofi-nccl (not in files/)")
+    efa.add_argument("--version", required=True,
+                     choices=[r.version for r in BUNDLING_EFA_RELEASES])
+    efa.add_argument("--out", type=Path, required=True, help="directory to write it into")
     return parser
 
 
@@ -88,10 +94,21 @@ def _build(directory: Path, work: Path, with_autotools: bool) -> int:
     return 0
 
 
+def _efa_installer(version: str, out: Path) -> int:
+    release = next(r for r in BUNDLING_EFA_RELEASES if r.version == version)
+    artifact = efa_artifact(release)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / artifact.name).write_bytes(artifact.data)
+    print(out / artifact.name)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "generate":
         return _generate(args.out)
+    if args.command == "efa-installer":
+        return _efa_installer(args.version, args.out)
     if args.command == "build":
         return _build(args.dir, args.work, not args.no_autotools)
     return _serve(args.dir, args.host, args.port, args.verbose)

@@ -63,6 +63,11 @@ class EfaRelease:
     libfabric: str  # bundled libfabric
     openmpi: str
     openmpi_date: str
+    # From 1.38 the installer ships aws-ofi-nccl itself: the plugin's version, and the directory
+    # under /opt/amazon/ofi-nccl it lands in, which for the real installer varies with its
+    # version and the OS (lib/x86_64-linux-gnu, lib, lib64). Empty: no plugin.
+    plugin: str = ""
+    plugin_dir: str = ""
 
 
 EFA_RELEASES = (
@@ -70,6 +75,19 @@ EFA_RELEASES = (
     EfaRelease("1.14.1", "1.13.2", "4.1.1", "Apr 24, 2021"),
     EfaRelease("1.15.1", "1.14.0", "4.1.1", "Apr 24, 2021"),
 )
+
+# Installers that bundle the plugin, in two of the real layouts. Not in files/: a policy such
+# as "~=1.14" would take them as upgrades of every sample lock. `python -m sample efa-installer`
+# writes one for a test to serve. Their plugin releases are below 1.10, which the rules pair
+# with the sample's NCCL 2.10/2.11 (aws-ofi-nccl 1.10 and later need NCCL 2.17.1).
+BUNDLING_EFA_RELEASES = (
+    EfaRelease("1.38.0", "1.22.0", "4.1.6", "Sep 30, 2023", plugin="1.9.1",
+               plugin_dir="lib/x86_64-linux-gnu"),
+    EfaRelease("1.43.0", "2.1.0", "4.1.7", "Oct 30, 2024", plugin="1.9.2", plugin_dir="lib64"),
+)
+# The NCCL whose nccl.h and nccl_net.h the bundled plugin is compiled with (the real plugin
+# carries its own copy of NCCL's net headers, and links no libnccl).
+_PLUGIN_HEADERS_NCCL = (2, 10, 3)
 
 
 def efa_variables(release: EfaRelease) -> dict[str, str]:
@@ -88,23 +106,69 @@ def efa_variables(release: EfaRelease) -> dict[str, str]:
         "OMPI_MINOR": mpi_minor,
         "OMPI_RELEASE": mpi_release,
         "OMPI_RELEASE_DATE": release.openmpi_date,
+        "OFI_NCCL_VERSION": release.plugin,
+        "OFI_NCCL_DIR": release.plugin_dir,
     }
 
 
 def efa_artifacts() -> list[Artifact]:
-    out = []
-    for release in EFA_RELEASES:
-        files = render_component("efa", efa_variables(release))
-        # The sources are kept under aws-efa-installer/ so that the tarball's top dir is theirs.
-        inner = [_strip_prefix(f, "aws-efa-installer/") for f in files]
-        data = make_tar_gz(inner, "aws-efa-installer")
-        meta = {
-            "version": release.version,
-            "libfabric": release.libfabric,
-            "openmpi": release.openmpi,
-        }
-        out.append(Artifact(f"aws-efa-installer-{release.version}.tar.gz", data, meta))
-    return out
+    return [efa_artifact(release) for release in EFA_RELEASES]
+
+
+def efa_artifact(release: EfaRelease) -> Artifact:
+    files = render_component("efa", efa_variables(release))
+    # The sources are kept under aws-efa-installer/ so that the tarball's top dir is theirs.
+    inner = [_strip_prefix(f, "aws-efa-installer/") for f in files]
+    meta = {"version": release.version, "libfabric": release.libfabric,
+            "openmpi": release.openmpi}
+    if release.plugin:
+        inner = apply_patches(inner, _INSTALLS_PLUGIN)
+        inner += bundled_plugin_sources(release)
+        meta["aws-ofi-nccl"] = release.plugin
+    data = make_tar_gz(inner, "aws-efa-installer")
+    return Artifact(f"aws-efa-installer-{release.version}.tar.gz", data, meta)
+
+
+# The installer of a release that ships the plugin runs src/ofi-nccl/install.sh after Open MPI.
+_INSTALLS_PLUGIN = (
+    Patch("efa_installer.sh", '\t\tbuild_openmpi "$BUILD_DIR"\n',
+          '\t\tbuild_openmpi "$BUILD_DIR"\n'
+          '\t\t"$SRC_DIR/ofi-nccl/install.sh" "$BUILD_DIR" "$EFA_PREFIX" '
+          '"$ROOT/opt/amazon/ofi-nccl" "$(cflags)"\n'),
+    Patch("efa_installer.sh", '\trm -rf "$EFA_PREFIX" "$MPI_PREFIX" ',
+          '\trm -rf "$EFA_PREFIX" "$MPI_PREFIX" "$ROOT/opt/amazon/ofi-nccl" '),
+    Patch("efa_installer.sh", '\techo "- Open MPI was installed in /opt/amazon/openmpi"\n',
+          '\techo "- Open MPI was installed in /opt/amazon/openmpi"\n'
+          '\techo "- aws-ofi-nccl was installed in /opt/amazon/ofi-nccl"\n'),
+)
+
+
+def bundled_plugin_sources(release: EfaRelease) -> list[SourceFile]:
+    """src/ofi-nccl/ of an installer that ships the plugin: its install script, the sample
+    aws-ofi-nccl's own sources at the bundled version, NCCL's two headers they compile with,
+    and the config.h its configure would write (--enable-platform-aws, as AWS builds it)."""
+    version = release.plugin
+    plugin = {f.path: f for f in render_component("aws-ofi-nccl", {"OFI_VERSION": version})}
+    nccl = nccl_variables(_PLUGIN_HEADERS_NCCL)
+    major, minor, patch = _PLUGIN_HEADERS_NCCL
+    header = render_one("nccl", "src/nccl.h.in", nccl).decode()
+    # What NCCL's src/Makefile substitutes when it installs nccl.h.
+    for name, value in (("Major", major), ("Minor", minor), ("Patch", patch), ("Suffix", ""),
+                        ("Version", major * 10000 + minor * 100 + patch)):
+        header = header.replace(f"${{nccl:{name}}}", str(value))
+    config = (f'#define PACKAGE_VERSION "{version}"\n'
+              f'#define PACKAGE_STRING "aws-ofi-nccl {version}"\n'
+              "#define ENABLE_PLATFORM_AWS 1\n")
+    script = render_component("efa-ofi-nccl", efa_variables(release))
+    return [SourceFile("src/ofi-nccl/" + f.path, f.data, f.mode) for f in script] + [
+        SourceFile("src/ofi-nccl/" + path.rsplit("/", 1)[-1], plugin[path].data, 0o644)
+        for path in ("src/nccl_ofi_net.c", "src/nccl_ofi_loopback.c", "include/nccl_ofi.h")
+    ] + [
+        SourceFile("src/ofi-nccl/nccl.h", header.encode(), 0o644),
+        SourceFile("src/ofi-nccl/nccl_net.h", render_one("nccl", "src/include/nccl_net.h", nccl),
+                   0o644),
+        SourceFile("src/ofi-nccl/config.h", config.encode(), 0o644),
+    ]
 
 
 def _strip_prefix(source: SourceFile, prefix: str) -> SourceFile:

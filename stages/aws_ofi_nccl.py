@@ -14,7 +14,11 @@ Seed commands: `./autogen.sh && ./configure --with-libfabric=/opt/amazon/efa
 exported.
 
 # Parameters
+provider: "source" (default, built with configure and make) or "efa": the plugin EFA installer
+  1.38 and later ships under /opt/amazon/ofi-nccl, looked up where the installer put it and
+  linked at `<prefix>/lib/libnccl-net.so`, with no build (stages/aws_ofi_nccl_efa.py).
 version: plugin version (seed 000: 1.1.1, seed 002: 1.1.3-aws); ref defaults to `v{version}`.
+  With provider = "efa": the release the installer is expected to ship (the image checks it).
 url, sha256: a release tarball to build instead of the git repository (`{version}` is
 substituted; the lock pins sha256), e.g. GitHub's
 `https://github.com/aws/aws-ofi-nccl/releases/download/v{version}/aws-ofi-nccl-{version}.tar.gz`.
@@ -30,12 +34,18 @@ version = "1.1.3-aws"
 [stages.aws-ofi-nccl]      # or a release tarball, here from a mirror
 version = "1.21.1"
 url = "https://mirror.example.com/aws-ofi-nccl/aws-ofi-nccl-{version}.tar.gz"
+
+[stages.aws-ofi-nccl]      # or the plugin the EFA installer (1.38 and later) ships
+provider = "efa"
+version = "1.9.1"
 ```
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -52,6 +62,7 @@ from imageforge.model.stage import (
 )
 from imageforge.planning.dockerfile import apt_install, bind, run, sh
 from imageforge.sources.sources import Source
+from stages import aws_ofi_nccl_efa
 from stages.aws_ofi_nccl_rules import RULES
 
 SOURCE_DIR = "/tmp/aws-ofi-nccl"
@@ -59,6 +70,8 @@ SOURCE_DIR = "/tmp/aws-ofi-nccl"
 
 def sources(ctx: Context) -> Sequence[Source]:
     inputs = ctx.of("aws-ofi-nccl")
+    if aws_ofi_nccl_efa.from_efa(inputs):
+        return []   # the EFA installer's plugin, already in the efa stage
     if inputs.get("url"):
         return [url_source("aws-ofi-nccl", inputs)]
     return [git_source("aws-ofi-nccl", inputs)]
@@ -80,8 +93,15 @@ def release(version: str) -> Version | None:
         return None
 
 
+def prepare(table: Mapping[str, Any], manifest: Path) -> Mapping[str, Any]:
+    return aws_ofi_nccl_efa.prepare(
+        table, manifest, {key: field.default for key, field in STAGE.fields.items()})
+
+
 def recipe(ctx: Context) -> str:
     inputs = ctx.of("aws-ofi-nccl")
+    if aws_ofi_nccl_efa.from_efa(inputs):
+        return aws_ofi_nccl_efa.recipe(ctx)
     version = str(inputs["version"])
     plugin = release(version)
     steps = [apt_install(inputs["apt_packages"])] if ctx.image["apt"] else []
@@ -146,6 +166,8 @@ def checks(ctx: Context) -> Sequence[Check]:
         # The installer's libfabric has the EFA provider; a system libfabric may not.
         Check(name="plugin links EFA's libfabric",
               script=smoke.links_to(plugin, "/opt/amazon/efa/lib/libfabric.so.1")),
+        *(aws_ofi_nccl_efa.checks(ctx) if aws_ofi_nccl_efa.from_efa(ctx.of("aws-ofi-nccl"))
+          else []),
     ]
 
 
@@ -170,8 +192,10 @@ STAGE = Stage(
             help="build the plugin even when the EFA installer bundles one (EFA >= 1.38)"),
         "apt_packages": Field(kind="packages", default=["autoconf", "automake", "libtool"],
                               help="build tools installed with apt"),
+        **aws_ofi_nccl_efa.FIELDS,
     },
     sources=sources,
+    prepare=prepare,
     recipe=recipe,
     env_paths=env_paths,
     checks=checks,

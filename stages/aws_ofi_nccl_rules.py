@@ -119,12 +119,29 @@ def _efa_bundled_plugin(manifest: Manifest, rule: Rule, registry: Registry) -> l
     plugin = manifest.stages.get(PLUGIN)
     if installers is None or efa is None or plugin is None:
         return []
-    if efa < installers.bundles_plugin_from or plugin.get("build_despite_bundled"):
+    if (efa < installers.bundles_plugin_from or plugin.get("build_despite_bundled")
+            or plugin.get("provider") == "efa"):
         return []
     return [rule.violation(
         "stages.aws-ofi-nccl",
         f"EFA installer {manifest.stages['efa']['version']} already installs aws-ofi-nccl at "
         f"/opt/amazon/ofi-nccl, and [stages.aws-ofi-nccl] would build {plugin['version']} too.",
+        plugin=f"aws-ofi-nccl {plugin['version']}")]
+
+
+def _plugin_from_efa(manifest: Manifest, rule: Rule, registry: Registry) -> list[Violation]:
+    installers = installers_in(registry)
+    efa = stage_version(manifest, "efa")
+    plugin = manifest.stages.get(PLUGIN)
+    if installers is None or efa is None or plugin is None or plugin.get("provider") != "efa":
+        return []
+    if efa >= installers.bundles_plugin_from:
+        return []
+    return [rule.violation(
+        "stages.aws-ofi-nccl.provider",
+        f"stages.aws-ofi-nccl.provider is \"efa\", but EFA installer "
+        f"{manifest.stages['efa']['version']} ships no aws-ofi-nccl (installers do from "
+        f"{installers.bundles_plugin_from}).",
         plugin=f"aws-ofi-nccl {plugin['version']}")]
 
 
@@ -151,5 +168,6 @@ RULES = (
     Rule(id="plugin-disable-tests", judge=_plugin_disable_tests, data=DATA),
     Rule(id="plugin-nccl", judge=_plugin_nccl, data=DATA),
     Rule(id="efa-bundled-plugin", judge=_efa_bundled_plugin, data=DATA),
+    Rule(id="plugin-from-efa", judge=_plugin_from_efa, data=DATA),
     Note(judge=_with_nccl_note, data=DATA),
 )

@@ -107,7 +107,8 @@ def test_unreachable_registry_degrades_to_local_with_a_warning(sample_manifest: 
 
 def test_corrupted_entry_is_detected_discarded_and_rebuilt(sample_manifest: Path,
                                                            tmp_path: Path) -> None:
-    assert build(sample_manifest, tmp_path, target="nccl").returncode == 0
+    first = build(sample_manifest, tmp_path, target="nccl")
+    assert first.returncode == 0, first.stderr[-4000:]
     (entry,) = [e for e in entries(tmp_path)
                 if json.loads((e / "meta.json").read_text())["stage"] == "nccl"]
     blob = max((entry / "blobs" / "sha256").iterdir(), key=lambda p: p.stat().st_size)
@@ -141,7 +142,8 @@ def test_two_builds_at_once_share_the_work(sample_manifest: Path, tmp_path: Path
 def test_two_builds_and_a_prune_at_once_end_in_time_and_leave_a_good_cache(
         sample_manifest: Path, tmp_path: Path) -> None:
     # Entries both builds reuse (efa, nccl, aws-ofi-nccl) and the prune wants gone.
-    assert build(sample_manifest, tmp_path, target="aws-ofi-nccl").returncode == 0
+    first = build(sample_manifest, tmp_path, target="aws-ofi-nccl")
+    assert first.returncode == 0, first.stderr[-4000:]
     args = ("--target", "efa-nccl", "--manifest", str(sample_manifest), "--progress", "plain",
             "--no-test")
     running = [Running("build", *args, cache=tmp_path), Running("build", *args, cache=tmp_path),
@@ -190,13 +192,15 @@ def test_sigkill_mid_build_leaves_no_partial_entry(sample_manifest: Path,
 @pytest.mark.parametrize("args", [("--max-size", "1K"), ("--older-than", "0s")])
 def test_prune_empties_the_cache_and_a_build_refills_it(sample_manifest: Path, tmp_path: Path,
                                                         args: tuple[str, str]) -> None:
-    assert build(sample_manifest, tmp_path, target="boost").returncode == 0
+    first = build(sample_manifest, tmp_path, target="boost")
+    assert first.returncode == 0, first.stderr[-4000:]
     assert len(entries(tmp_path)) == 1
     pruned = invoke("cache.prune", *args, cache=tmp_path)
     assert pruned.returncode == 0, pruned.stderr
     assert entries(tmp_path) == []
     assert not any((tmp_path / "artifacts" / "blobs" / "sha256").iterdir())
-    assert build(sample_manifest, tmp_path, target="boost").returncode == 0
+    refilled = build(sample_manifest, tmp_path, target="boost")
+    assert refilled.returncode == 0, refilled.stderr[-4000:]
     assert last_report(tmp_path, "boost")["boost"] == "built"
 
 

@@ -162,7 +162,16 @@ CASES: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str]]]] = {
         ("efa-bundled-plugin", "EFA installer 1.38.0 already installs aws-ofi-nccl at "
                                "/opt/amazon/ofi-nccl"),
         ("efa-bundled-plugin", "stages.aws-ofi-nccl.build_despite_bundled = true"),
+        ("efa-bundled-plugin", 'set stages.aws-ofi-nccl.provider = "efa"'),
     ]),
+    "the installer's plugin, from an installer that ships none": (
+        "pt25-cu124", ("stages.aws-ofi-nccl.provider=efa",), [
+            ("plugin-from-efa", "EFA installer 1.36.0 ships no aws-ofi-nccl (installers do "
+                                "from 1.38)"),
+            ("plugin-from-efa", 'stages.aws-ofi-nccl.provider = "source"'),
+        ]),
+    "the installer's plugin from an installer that ships it": (
+        "pt25-cu124", ("stages.efa.version=1.38.0", "stages.aws-ofi-nccl.provider=efa"), []),
 }
 
 

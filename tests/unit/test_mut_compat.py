@@ -177,8 +177,12 @@ def test_plugin_flags_are_named_without_their_values() -> None:
      "drop --disable-tests from stages.aws-ofi-nccl.configure_flags, or use aws-ofi-nccl "
      "1.4.0 or newer"),
     ("pt25-cu124", ("stages.efa.version=1.38.0",), "efa-bundled-plugin", "stages.aws-ofi-nccl",
-     "use the plugin in /opt/amazon/ofi-nccl and drop [stages.aws-ofi-nccl], or set "
+     'set stages.aws-ofi-nccl.provider = "efa" to use the installer\'s plugin, or '
      "stages.aws-ofi-nccl.build_despite_bundled = true to build aws-ofi-nccl 1.12.1-aws anyway"),
+    ("pt25-cu124", ("stages.aws-ofi-nccl.provider=efa",), "plugin-from-efa",
+     "stages.aws-ofi-nccl.provider",
+     'use EFA installer 1.38 or newer, or set stages.aws-ofi-nccl.provider = "source" to build '
+     "aws-ofi-nccl 1.12.1-aws"),
     ("efa-nccl", ("stages.aws-ofi-nccl.version=1.5.9",
                   "stages.aws-ofi-nccl.configure_flags=--enable-platform-aws"),
      "plugin-platform-aws", "stages.aws-ofi-nccl.configure_flags",

@@ -71,9 +71,9 @@ def test_rules_run_in_registry_order_and_each_stage_reads_its_own_data_file() ->
     # The order of the violations in every report.
     assert [rule.id for rule in compat.rules(STAGES)] == [
         "base-cuda", "cuda-arch", "ptx-arch", "plugin-libfabric", "plugin-platform-aws",
-        "plugin-disable-tests", "plugin-nccl", "efa-bundled-plugin", "torchvision-pytorch",
-        "torch-wheel-companions", "smddp-wheel", "smddp-python", "smddp-pytorch", "smddp-cuda",
-        "smddp-no-pytorch-2-6"]
+        "plugin-disable-tests", "plugin-nccl", "efa-bundled-plugin", "plugin-from-efa",
+        "torchvision-pytorch", "torch-wheel-companions", "smddp-wheel", "smddp-python",
+        "smddp-pytorch", "smddp-cuda", "smddp-no-pytorch-2-6"]
     files = {name: getattr(compat.data_of(STAGES, name), "name", None)
              for name, stage in STAGES.items() if stage.rules}
     assert [rule.id for rule in compat.pin_rules(STAGES)] == ["nccl-pytorch-pin"]
