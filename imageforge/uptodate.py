@@ -227,9 +227,7 @@ def save_report(cache_dir: Path, report: Mapping[str, Any]) -> Path:
     reports = cache_dir / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / f"{stamp}-{report['target']}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
+    jsonfile.write_json(path, report)
     return path
 
 

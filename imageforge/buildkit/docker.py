@@ -92,10 +92,6 @@ def local_image_id(ref: str) -> str | None:
         return None
 
 
-def image_exists(ref: str) -> bool:
-    return docker("image", "inspect", ref).returncode == 0
-
-
 def image_digest(ref: str) -> str:
     """The local image's ID: with the containerd image store, the digest a push publishes."""
     result = docker("image", "inspect", "--format", "{{.Id}}", ref)

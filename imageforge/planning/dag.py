@@ -68,13 +68,3 @@ def _closures(target: str, registry: Mapping[str, Stage],
             order[name] = None
             memo[name] = tuple(order)
     return memo[target]
-
-
-def parent_chain(name: str, registry: Mapping[str, Stage]) -> list[str]:
-    """`name`, the stage it is FROM, that stage's parent, ... down to the base image."""
-    chain = []
-    current: str | None = name
-    while current is not None:
-        chain.append(current)
-        current = registry[current].parent
-    return chain
