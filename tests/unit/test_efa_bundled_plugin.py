@@ -4,7 +4,7 @@
 The sample's two such installers (1.38.0 and 1.43.0, `python -m sample efa-installer`) are run
 here on the host into a root of their own, as the real installer's layout varies: each puts the
 plugin in another directory, and the plugin must load against the libfabric that installer
-brought. tests/integration/test_efa_bundled_plugin.py builds an image on each."""
+brought. tests/integration/test_efa_plugin_image.py builds an image on each."""
 
 from __future__ import annotations
 
