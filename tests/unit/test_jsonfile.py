@@ -5,6 +5,7 @@ device, a FIFO, a symlink), checked on real ones."""
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -44,9 +45,14 @@ def test_a_fifo_is_written_in_place_not_replaced(tmp_path: Path) -> None:
     assert fifo.is_fifo()
 
 
-def test_a_device_is_written_in_place_not_replaced() -> None:
-    jsonfile.write_text(Path("/dev/null"), "discarded")
-    assert Path("/dev/null").is_char_device()
+def test_a_device_is_written_in_place_not_replaced(tmp_path: Path) -> None:
+    # A null device of the test's own, not /dev/null: when write_text breaks (a mutation
+    # run), the rename replaces the device it was given, and the machine's /dev/null once
+    # became a plain file that way.
+    null = tmp_path / "null"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    jsonfile.write_text(null, "discarded")
+    assert null.is_char_device()
 
 
 def test_a_directory_is_refused(tmp_path: Path) -> None:
