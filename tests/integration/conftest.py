@@ -6,6 +6,7 @@ the reason, so unit work stays possible on a laptop without Docker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -60,12 +61,19 @@ def docker_ready() -> None:
 def upstream(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Iterator[str]:
     """The sample upstream, generated and served; yields its base URL."""
     del docker_ready  # requested for its Docker check only (usefixtures is for tests)
-    from sample.serve import start_server
-
     out = tmp_path_factory.mktemp("upstream")
     subprocess.run([sys.executable, "-m", "sample", "generate", "--out", str(out)], check=True,
                    cwd=ROOT)
-    server = start_server(out)
+    with served(out) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def served(root: Path) -> Iterator[str]:
+    """`root` (its files/ and git/) served on 127.0.0.1 while the block runs; its base URL."""
+    from sample.serve import start_server
+
+    server = start_server(root)
     try:
         yield server.url.rstrip("/")
     finally:

@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from sample.generate import BUNDLING_EFA_RELEASES, EfaRelease
-from sample.serve import start_server
 from tests.checksummary import checks_passed
-from tests.integration.conftest import ROOT, docker_out, invoke, untagging
+from tests.integration.conftest import ROOT, docker_out, invoke, served, untagging
 
 RUN = uuid.uuid4().hex[:8]
 SAMPLE_PLUGIN = """version = "1.1.3-aws"
@@ -43,11 +42,8 @@ def installers(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> 
         subprocess.run([sys.executable, "-m", "sample", "efa-installer", "--version",
                         release.version, "--out", str(root / "files")], check=True, cwd=ROOT,
                        capture_output=True)
-    server = start_server(root)
-    try:
-        yield server.url.rstrip("/")
-    finally:
-        server.stop()
+    with served(root) as url:
+        yield url
 
 
 def bundled_manifest(sample_manifest: Path, upstream: str, installers: str,
