@@ -8,8 +8,10 @@ link to it (manifests/torch211-nccl-wheel.toml and its committed lock). `import 
 libnccl without a GPU, so every check here runs on this machine. The plain Debian base stands
 in for the CUDA one: torch's wheels bring their own CUDA runtime, and nothing is compiled.
 
-The stages' files are laid over the base as an image target's assembly does, once; the broken
-images are that image changed after the build, as a user's derived Dockerfile would:
+The stages' files, the SageMaker training toolkit's among them, are laid over the base as the
+training target's assembly does, once. run-local runs a real two-host DistributedDataParallel job
+on that image (gloo: there is no GPU here), each host's torch mapping the image's one libnccl.
+The broken images are that image changed after the build, as a user's derived Dockerfile would:
 - LD_PRELOAD of a second libnccl: two libraries mapped in one process;
 - `pip install` bringing the wheel's own copy back: torch loads it, not the nccl stage's;
 - another NCCL release in the nccl stage's place: the version torch loads is not the pin.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -45,6 +48,34 @@ KEPT = "imageforge-testkit/torch-wheel"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # Another release of the same NCCL wheel, for the image whose library is not the pin.
 OTHER_NCCL = "2.28.7"
+# One DistributedDataParallel step on each host over gloo (the hosts reach each other by the
+# names SageMaker gives them), then what that process mapped: the job is the image's own torch
+# training, not a script beside it.
+DDP_PROGRAM = """\
+import json, os
+import torch, torch.distributed as dist
+hosts = json.loads(os.environ["SM_HOSTS"])
+rank = hosts.index(os.environ["SM_CURRENT_HOST"])
+dist.init_process_group("gloo", init_method=f"tcp://{hosts[0]}:29500", rank=rank,
+                        world_size=len(hosts))
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.full((8, 4), float(rank + 1))).pow(2).mean().backward()
+optimizer.step()
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+maps = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libnccl" in line})
+record = {"rank": rank, "world": dist.get_world_size(), "sum": total.item(),
+          "weight": model.module.weight.detach().tolist(), "torch": torch.__version__,
+          "libnccl": maps}
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "record.json"), "w") as f:
+    json.dump(record, f)
+dist.destroy_process_group()
+"""
+# The stages laid over the python stage, as the training target lays them (it adds efa,
+# aws-ofi-nccl and nccl-tests, which test_real_parts builds for real).
+STAGED = ("nccl", "pytorch", "sagemaker-training")
 
 
 # Every image this module made is untagged at its end (the layers stay in BuildKit's cache).
@@ -64,13 +95,14 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def planned(manifest: Path, cache_dir: Path) -> Plan:
     settings = project.Settings(registry=STAGES, manifest=manifest, overrides=(BASE,),
                                 cache_dir=cache_dir)
-    return project.plan(settings, "pytorch")
+    # The training target's plan: its context has every stage the kept image lays down.
+    return project.plan(settings, "training")
 
 
 @pytest.fixture(scope="module")
 def checks(planned: Plan) -> dict[str, Check]:
     """The checks test-image would run for these stages, by name (hardware ones left out)."""
-    found = {c.name: c for name in ("nccl", "pytorch")
+    found = {c.name: c for name in STAGED
              for c in STAGES[name].checks(planned.context) if c.needs == "none"}
     assert LOADED in found, sorted(found)
     return found
@@ -78,23 +110,30 @@ def checks(planned: Plan) -> dict[str, Check]:
 
 @pytest.fixture(scope="module")
 def keys(planned: Plan) -> dict[str, str]:
-    return {name: planned.stage(name).key for name in ("python", "nccl", "pytorch")}
+    return {name: planned.stage(name).key for name in ("python", *STAGED)}
 
 
 @pytest.fixture(scope="module")
-def image(manifest: Path, cache_dir: Path, keys: dict[str, str],
+def image(manifest: Path, cache_dir: Path, keys: dict[str, str], planned: Plan,
           tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The python, nccl and pytorch stages built by imageforge from the committed lock, the
-    nccl and pytorch files laid over the python stage as an image target's assembly lays
-    them. Kept between sessions under a name the session clean-up does not match, tagged
-    with the stages' keys: a session whose stages have the same keys finds it and builds
-    nothing (the 5 GB closure took 7 minutes to build and store again), and any change to
-    the pins, the recipes or the base gives another tag, built again from the start."""
-    tag = f"{KEPT}:" + hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
+    """The python, nccl, pytorch and sagemaker-training stages built by imageforge from the
+    committed lock, and their files laid over the python stage as the training target's
+    assembly lays them, followed by that target's own rendered environment and steps (one
+    libnccl, one dist-info per package). Kept between sessions under a name the session
+    clean-up does not match, tagged with the stages' keys and those steps: a session whose
+    stages have the same keys finds it and builds nothing (the 5 GB closure took 7 minutes to
+    build and store again), and any change to the pins, the recipes or the base gives another
+    tag, built again from the start."""
+    # The training target's own block after its COPY lines: its ENV (PATH and the toolkit's
+    # variables; the efa ones name what this image lacks, harmlessly) and its steps.
+    block = planned.stage("training").recipe
+    training = block[block.index("\nENV ") + 1:]
+    made = json.dumps([keys, training], sort_keys=True).encode()
+    tag = f"{KEPT}:" + hashlib.sha256(made).hexdigest()[:16]
     if docker_out("image", "ls", "--quiet", tag):
         return tag
     stages = {}
-    for name in ("python", "nccl", "pytorch"):
+    for name in ("python", *STAGED):
         stages[name] = f"imageforge-test/torch-wheel-{name}:{RUN}"
         result = invoke("build", "--manifest", str(manifest), "--set", BASE, "--target", name,
                         "--no-test", "--tag", stages[name], "--progress", "plain",
@@ -105,14 +144,13 @@ def image(manifest: Path, cache_dir: Path, keys: dict[str, str],
     for old in docker_out("image", "ls", "--format", "{{.Repository}}:{{.Tag}}",
                           KEPT).split():
         subprocess.run(["docker", "image", "rm", old], capture_output=True, check=False)
-    derive(tmp_path_factory.mktemp("assemble"), tag, f"""
-        FROM {stages["nccl"]} AS nccl
-        FROM {stages["pytorch"]} AS pytorch
-        FROM {stages["python"]}
-        COPY --from=nccl /out/ /
-        COPY --from=pytorch /out/ /
-        RUN ldconfig
-        """)
+    derive(tmp_path_factory.mktemp("assemble"), tag, "\n".join([
+        *(f"FROM {stages[name]} AS {name}" for name in STAGED),
+        f"FROM {stages['python']}",
+        *(f"COPY --from={name} /out/ /" for name in STAGED),
+        "RUN ldconfig",
+        training,
+    ]))
     # The stages' own images (10 GB with the closure) are not needed once assembled: the
     # rest of the suite gets the disk back now, not when the session ends.
     subprocess.run(["docker", "image", "rm", *stages.values()], capture_output=True,
@@ -121,7 +159,8 @@ def image(manifest: Path, cache_dir: Path, keys: dict[str, str],
 
 
 def derive(context: Path, tag: str, dockerfile: str) -> str:
-    text = "\n".join(line.strip() for line in dockerfile.strip().splitlines()) + "\n"
+    # dedent, not a strip of every line: a heredoc's script keeps its indentation.
+    text = textwrap.dedent(dockerfile).strip() + "\n"
     result = subprocess.run(["docker", "build", "--quiet", "--tag", tag, "--file", "-",
                              "--secret", f"id=ca-bundle,src={CA_BUNDLE}", str(context)],
                             input=text, text=True, capture_output=True, check=False,
@@ -207,3 +246,26 @@ def test_another_nccl_in_the_stages_place_fails_on_the_version(
     stage = run_check(broken, checks["ncclGetVersion of the libnccl a process loads is the pin"])
     assert stage.returncode != 0, stage.stdout + stage.stderr
     assert OTHER_NCCL in stage.stdout + stage.stderr, stage.stdout + stage.stderr
+
+
+def test_run_local_trains_ddp_on_two_hosts_with_the_images_torch(image: str,
+                                                                  tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(DDP_PROGRAM)
+    out = tmp_path / "job"
+    result = invoke("run-local", "--image", image, "--code", str(code), "--program",
+                    "train.py", "--hosts", "2", "--output", str(out), "--timeout", "300",
+                    "--json", timeout=420)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert json.loads(result.stdout)["status"] == "Completed", result.stdout
+    records = [json.loads((out / host / "model" / "record.json").read_text())
+               for host in ("algo-1", "algo-2")]
+    assert [r["rank"] for r in records] == [0, 1]
+    for record in records:
+        assert (record["world"], record["sum"]) == (2, 3.0), record
+        assert record["torch"].startswith("2.11.0+"), record
+        # The job's own torch mapped the image's one libnccl, through the wheel's link.
+        assert record["libnccl"] == ["/usr/local/lib/libnccl.so.2.28.9"], record
+    # DDP averaged the two hosts' gradients: both took the same step from the same start.
+    assert records[0]["weight"] == records[1]["weight"]
