@@ -232,8 +232,9 @@ def save_report(cache_dir: Path, report: Mapping[str, Any]) -> Path:
 
 
 def _touch(meta: Path) -> None:
-    """As ArtifactStore.touch: one more use, now."""
-    with contextlib.suppress(OSError, ValueError):
+    """As ArtifactStore.touch: one more use, now. An entry of another shape is left as it is:
+    it is input, and the answer must not fail on it."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
         data = json.loads(meta.read_text())
         data["last_used"] = time.time()
         data["hits"] = int(data.get("hits", 0)) + 1

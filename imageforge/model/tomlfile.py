@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import fcntl
 import os
 import stat
 import tomllib
@@ -95,7 +94,7 @@ def _read_bounded(path: Path, where: str, what: str) -> bytes:
         # What was opened is what was checked (the path may have been replaced since).
         _refuse_endless(os.fstat(fd), where, what)
         # Then wait for a writer's data like any reader: Ctrl-C and SIGTERM interrupt that.
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        os.set_blocking(fd, True)
         chunks: list[bytes] = []
         size = 0
         while size <= MAX_BYTES:
