@@ -19,17 +19,21 @@ import ctypes
 import os
 import sys
 
+MAPS = "/proc/self/maps"
+
 
 def dotted(parts: tuple[int, ...]) -> str:
     return ".".join(map(str, parts))
 
 
-def mapped_nccl(maps: str = "/proc/self/maps") -> list[str]:
-    """The libnccl files this process has mapped, by the path the loader opened."""
+def mapped_nccl(maps: str = MAPS) -> list[str]:
+    """The libnccl files this process has mapped (`maps` is its /proc/PID/maps), by the path
+    the loader opened."""
     with open(maps) as lines:
-        fields = (line.split(None, 5) for line in lines)
-        return sorted({f[5].strip() for f in fields
-                       if len(f) == 6 and os.path.basename(f[5].strip()).startswith("libnccl.so")})
+        # address perms offset dev inode path: the path is all the rest, spaces and all.
+        paths = {fields[5].strip() for fields in (line.split(None, 5) for line in lines)
+                 if len(fields) == 6}
+    return sorted(path for path in paths if os.path.basename(path).startswith("libnccl.so"))
 
 
 def library_version(path: str) -> tuple[int, int, int]:
@@ -40,10 +44,10 @@ def library_version(path: str) -> tuple[int, int, int]:
     return code.value // 10000, code.value // 100 % 100, code.value % 100
 
 
-def problem(version: str, expected: str, source: str) -> str | None:
+def problem(version: str, expected: str, source: str, maps: str = MAPS) -> str | None:
     """Why this process's NCCL is not the expected one, or None when it is."""
     want = tuple(int(x) for x in version.split("."))
-    paths = mapped_nccl()
+    paths = mapped_nccl(maps)
     if len(paths) != 1:
         return f"the process mapped {len(paths)} libnccl files: {paths}"
     if paths[0] != os.path.realpath(expected):
@@ -55,22 +59,24 @@ def problem(version: str, expected: str, source: str) -> str | None:
     return None
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], maps: str = MAPS) -> int:
+    """The check as the image runs it: `argv` is VERSION EXPECTED SOURCE."""
     version, expected, source = argv
     # The check is about what importing torch maps.
     import torch
 
-    found = problem(version, expected, source)
+    found = problem(version, expected, source, maps)
     if found:
         print(f"import torch: {found}", file=sys.stderr)
         return 1
-    path = mapped_nccl()[0]
+    path = mapped_nccl(maps)[0]
+    loaded = library_version(path)
     headers = tuple(torch.cuda.nccl.version())[:3]
-    print(f"libnccl loaded: {path} NCCL {dotted(library_version(path))}")
+    print(f"libnccl loaded: {path} NCCL {dotted(loaded)}")
     print(f"torch {torch.__version__} compiled against NCCL headers {dotted(headers)}")
-    if headers[:2] != library_version(path)[:2]:
+    if headers[:2] != loaded[:2]:
         print(f"warning: torch's NCCL headers {dotted(headers)} and the loaded NCCL "
-              f"{dotted(library_version(path))} differ in major.minor", file=sys.stderr)
+              f"{dotted(loaded)} differ in major.minor", file=sys.stderr)
     return 0
 
 

@@ -46,6 +46,8 @@ EOCD, LOC64, EOCD64 = struct.Struct("<4sHHHHIIH"), struct.Struct("<4sIQI"), \
     struct.Struct("<4sQHHIIQQQQ")
 CENTRAL, LOCAL = struct.Struct("<4sHHHHHHIIIHHHHHII"), struct.Struct("<4sHHHHHIIIHH")
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+# Seconds to wait for the index to connect or send more (requests' connect and read timeouts).
+TIMEOUT = 60
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +135,7 @@ def _fail(url: str, why: str) -> SourceError:
 
 
 def list_wheels(index_url: str, project: str, *, session: requests.Session | None = None,
-                timeout: float = 60, policy: RetryPolicy = DEFAULT_POLICY) -> list[Wheel]:
+                timeout: float = TIMEOUT, policy: RetryPolicy = DEFAULT_POLICY) -> list[Wheel]:
     """The wheels of `project` on a PEP 503/691 simple index (PyPI, download.pytorch.org)."""
     url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
     http = _session(session)
@@ -188,7 +190,7 @@ class _Links(HTMLParser):
                         if key in found), None)
             self.wheels.append(_wheel(url, unquote(urlsplit(url).path.rpartition("/")[2]),
                                       digest if kind == "sha256" else None,
-                                      False if key is None else found[key] or "true"))
+                                      False if key is None else found[key] or True))
 
 
 def pick(wheels: Sequence[Wheel], *, project: str, version: str, python: str, platform: str,
@@ -233,8 +235,9 @@ def pick(wheels: Sequence[Wheel], *, project: str, version: str, python: str, pl
                       "release or variant.")
 
 
-def read_metadata(wheel: Wheel, *, session: requests.Session | None = None, timeout: float = 60,
-                  policy: RetryPolicy = DEFAULT_POLICY) -> email.message.Message:
+def read_metadata(wheel: Wheel, *, session: requests.Session | None = None,
+                  timeout: float = TIMEOUT, policy: RetryPolicy = DEFAULT_POLICY
+                  ) -> email.message.Message:
     """METADATA of `wheel`: its PEP 658 file, else byte ranges, else the whole wheel."""
     http = _session(session)
     try:
@@ -272,16 +275,18 @@ def _advertised(http: requests.Session, wheel: Wheel, timeout: float,
 def _ranged(http: requests.Session, wheel: Wheel, timeout: float, policy: RetryPolicy) -> bytes:
     """METADATA out of the zip by byte ranges: its end record and the central directory's tail
     (all of the directory only when METADATA is not listed there), then METADATA alone."""
-    def read(start: int, end: int) -> tuple[bytes, int]:  # [start, end), or the last -start
-        spec = f"-{-start}" if start < 0 else f"{start}-{end - 1}"
+    def read(start: int, end: int | None) -> tuple[bytes, int]:
+        """Bytes [start, end) and the file's size; with no end, the last `start` bytes."""
+        spec = f"{start}-{end - 1}" if end is not None else f"-{start}"
         response = _get(http, wheel.url, timeout=timeout, policy=policy, body=lambda s: s == 206,
                         headers={"Range": f"bytes={spec}", "Accept-Encoding": "identity"})
         served = CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", ""))
-        if response.status_code != 206 or not served or (start >= 0 and int(served[1]) != start):
+        if response.status_code != 206 or not served or (end is not None
+                                                          and int(served[1]) != start):
             raise _NoRanges  # no ranges here (a 200 carries the whole wheel: left unread)
         return response.content, int(served[3])
 
-    tail, size = read(-TAIL, 0)
+    tail, size = read(TAIL, None)
     tail_start, at = size - len(tail), tail.rfind(b"PK\x05\x06")
     if at < 0:
         raise _NoRanges
@@ -290,7 +295,7 @@ def _ranged(http: requests.Session, wheel: Wheel, timeout: float, policy: RetryP
         where = LOC64.unpack_from(tail, at - LOC64.size)[2]
         record = tail[where - tail_start:] if where >= tail_start else \
             read(where, where + EOCD64.size)[0]
-        cd_size, cd_start = EOCD64.unpack_from(record)[8:10]
+        cd_size, cd_start = EOCD64.unpack_from(record)[8:]
     directory = tail[max(cd_start - tail_start, 0):max(cd_start + cd_size - tail_start, 0)]
     entries = _entries(directory, whole=cd_start >= tail_start)
     if _find(entries, wheel) is None and cd_start < tail_start:
@@ -299,7 +304,7 @@ def _ranged(http: requests.Session, wheel: Wheel, timeout: float, policy: RetryP
     # The local header's name and extra field are about as long as the central ones.
     local = read(entry.offset, entry.offset + LOCAL.size + 1024 + 4 * len(entry.name)
                  + entry.packed)[0]
-    name_len, extra_len = LOCAL.unpack_from(local)[9:11]
+    name_len, extra_len = LOCAL.unpack_from(local)[9:]
     begin = LOCAL.size + name_len + extra_len
     packed = local[begin:begin + entry.packed]
     if len(packed) < entry.packed:
@@ -328,9 +333,12 @@ def _entries(directory: bytes, *, whole: bool) -> dict[str, _Entry]:
                 tag, length = struct.unpack_from("<HH", extra, pos)
                 if tag == 1:  # ZIP64: the 64-bit values of the fields that are 0xFFFFFFFF
                     values = iter(struct.unpack_from(f"<{length // 8}Q", extra, pos + 4))
-                    size = next(values) if size == 0xFFFFFFFF else size
-                    packed = next(values) if packed == 0xFFFFFFFF else packed
-                    offset = next(values) if offset == 0xFFFFFFFF else offset
+                    try:
+                        size = next(values) if size == 0xFFFFFFFF else size
+                        packed = next(values) if packed == 0xFFFFFFFF else packed
+                        offset = next(values) if offset == 0xFFFFFFFF else offset
+                    except StopIteration:  # a record too short for the fields it stands for
+                        raise _NoRanges from None
                 pos += 4 + length
             name = directory[at + CENTRAL.size:name_end].decode(
                 "utf-8" if flags & 0x800 else "cp437")
@@ -378,6 +386,10 @@ def _whole(http: requests.Session, wheel: Wheel, timeout: float, policy: RetryPo
         except zipfile.BadZipFile:
             raise SourceError(f"{redact(wheel.url)} is not a zip file, so not a wheel; check "
                               "the index and retry.") from None
+        except UnicodeDecodeError:
+            raise SourceError(f"{redact(wheel.url)} has a member name that is not the UTF-8 its "
+                              "zip flags it as, so it is not a valid wheel; check the index and "
+                              "retry.") from None
 
 
 def requires_dist(metadata: email.message.Message) -> list[Requirement]:
