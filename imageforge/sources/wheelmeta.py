@@ -307,8 +307,9 @@ def _ranged(http: requests.Session, wheel: Wheel, timeout: float, policy: RetryP
     name_len, extra_len = LOCAL.unpack_from(local)[9:]
     begin = LOCAL.size + name_len + extra_len
     packed = local[begin:begin + entry.packed]
-    if len(packed) < entry.packed:
-        packed += read(entry.offset + len(local), entry.offset + begin + entry.packed)[0]
+    if len(packed) < entry.packed:  # the rest, from past the header when it too was cut short
+        packed += read(entry.offset + max(len(local), begin),
+                       entry.offset + begin + entry.packed)[0]
     if local[:4] != b"PK\x03\x04" or entry.method not in (0, 8):
         raise _NoRanges  # bzip2, lzma: left to zipfile
     data = zlib.decompress(packed, -15) if entry.method == 8 else packed

@@ -638,6 +638,20 @@ def test_a_local_header_longer_than_expected_takes_one_more_request() -> None:
     assert ranged_only(result, 3)
 
 
+@pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_a_local_extra_field_longer_than_the_first_read_is_skipped_not_read_as_data(
+        method: int) -> None:
+    # 8000 bytes of extra field before a small METADATA: the first read ends inside the
+    # header, so the second starts past it (it started at the first read's end, and read the
+    # extra field's tail as METADATA: a CRC error when stored, the whole wheel when deflated).
+    extra = struct.pack("<HH", 0xCAFE, 8000) + bytes(8000)
+    data = make_zip([(member(f"{INFO}/METADATA", method=method, extra=extra), METADATA)])
+    result = read(data)
+    assert result.error is None
+    assert result.metadata == METADATA
+    assert ranged_only(result, 3)
+
+
 def _zip64_fields(data: bytes, fields: tuple[str, ...], before: bytes = b"") -> bytes:
     """`data` with each central entry's `fields` (of size, packed, offset) in a ZIP64 extra
     field after `before`, as a writer sets only those that overflow."""
