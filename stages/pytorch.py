@@ -46,7 +46,16 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from imageforge.errors import ManifestError
-from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.model.stage import (
+    EXPORT_ROOT,
+    Check,
+    Context,
+    Field,
+    Inputs,
+    Stage,
+    git_fields,
+    git_source,
+)
 from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from imageforge.sources import piplock
 from imageforge.sources.sources import Source
@@ -90,7 +99,7 @@ def arch_list(ctx: Context) -> str:
 
 
 def from_wheel(ctx: Context) -> bool:
-    return str(ctx.of("pytorch").get("provider", "source")) == "wheel"
+    return pytorch_wheel.chosen(ctx.stages)
 
 
 # Keys that mean something for one provider only: given with the other, they are a mistake.
@@ -226,10 +235,18 @@ def checks(ctx: Context) -> Sequence[Check]:
     ]
 
 
+def deps_for(tables: Mapping[str, Inputs]) -> tuple[str, ...]:
+    """Wheels only link the wheel's libnccl to the nccl stage's path, which the images that
+    gather both fill: an NCCL bump then neither re-keys nor reinstalls the wheel closure. A
+    source build compiles against the nccl stage."""
+    return ("python",) if pytorch_wheel.chosen(tables) else ("python", "nccl")
+
+
 STAGE = Stage(
     name="pytorch",
     doc=__doc__ or "",
     deps=("python", "nccl"),
+    deps_for=deps_for,
     parent="python",
     fields={
         **git_fields(repo="https://github.com/pytorch/pytorch.git", ref="v{version}",

@@ -18,8 +18,9 @@ nvidia-nccl-cuXX stays installed so `pip check` is clean. The checks read the li
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from imageforge.model.stage import EXPORT_ROOT, Check, Context
 from imageforge.planning.dockerfile import sh
@@ -31,6 +32,11 @@ PYPI = piplock.PYPI_SIMPLE
 # Where the wheel keeps its NCCL, relative to site-packages (nvidia-nccl-cu12/cu13).
 WHEEL_NCCL = "nvidia/nccl/lib/libnccl.so.2"
 CUDA = re.compile(r"(\d+)\.(\d+)")
+
+
+def chosen(tables: Mapping[str, Mapping[str, Any]]) -> bool:
+    """True when the manifest's stage tables install torch from wheels."""
+    return str(tables.get("pytorch", {}).get("provider", "source")) == "wheel"
 
 
 def site_packages(ctx: Context) -> str:

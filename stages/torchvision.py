@@ -23,12 +23,22 @@ build_version = "0.11.3+cu113"
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from imageforge.image import smoke
-from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
+from imageforge.model.stage import (
+    EXPORT_ROOT,
+    Check,
+    Context,
+    Field,
+    Inputs,
+    Stage,
+    git_fields,
+    git_source,
+)
 from imageforge.planning.dockerfile import apt_install, bind, run, sh
 from imageforge.sources.sources import Source
+from stages import pytorch_wheel
 from stages.torchvision_rules import RULES
 
 
@@ -77,10 +87,17 @@ def checks(ctx: Context) -> Sequence[Check]:
                   script=extensions)]
 
 
+def deps_for(tables: Mapping[str, Inputs]) -> tuple[str, ...]:
+    """setup.py imports torch, which loads libnccl: a wheel torch's link to the nccl stage's
+    library needs that stage here (a source-built torch brings it)."""
+    return ("python", "pytorch", "nccl") if pytorch_wheel.chosen(tables) else ("python", "pytorch")
+
+
 STAGE = Stage(
     name="torchvision",
     doc=__doc__ or "",
-    deps=("python", "pytorch"),
+    deps=("python", "pytorch", "nccl"),
+    deps_for=deps_for,
     parent="python",
     fields={
         **git_fields(repo="https://github.com/pytorch/vision.git", ref="v{version}",

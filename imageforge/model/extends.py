@@ -19,7 +19,7 @@ from imageforge.buildkit.docker import LABEL_PREFIX, local_image
 from imageforge.cmd import docker
 from imageforge.errors import DockerError, ManifestError
 from imageforge.model.manifest import Manifest
-from imageforge.model.stage import Stage
+from imageforge.model.stage import Stage, chosen_deps
 
 KEY_LABEL = f"{LABEL_PREFIX}.key."
 VERSION_LABEL = f"{LABEL_PREFIX}.version."
@@ -36,7 +36,9 @@ def provided(manifest: Manifest) -> tuple[str, ...] | None:
 
 
 def registry(stages: Mapping[str, Stage], manifest: Manifest) -> Mapping[str, Stage]:
-    """The stage graph of `manifest`: `stages` itself, or without what `extends` provides."""
+    """The stage graph of `manifest`: `stages` with the deps its settings choose (Stage
+    .deps_for), without what `extends` provides."""
+    stages = chosen_deps(stages, manifest.stages)
     ref = manifest.image.get("extends")
     if not ref:
         return stages
@@ -70,7 +72,8 @@ def without(stages: Mapping[str, Stage], gone: set[str]) -> dict[str, Stage]:
         else:
             parent = BASE if stage.parent in gone else stage.parent
             deps = tuple(d for d in stage.deps if d not in gone)
-            result[name] = dataclasses.replace(stage, parent=parent, deps=deps)
+            # Its deps were chosen for this manifest already (chosen_deps): settled here.
+            result[name] = dataclasses.replace(stage, parent=parent, deps=deps, deps_for=None)
     return result
 
 

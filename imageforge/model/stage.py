@@ -87,6 +87,9 @@ class Stage:
     doc: str
     deps: tuple[str, ...]
     fields: Mapping[str, Field]
+    # The deps for a manifest, given its stage tables, where a setting decides them (a wheel
+    # torch needs no NCCL built first); `deps` must hold every one it can return.
+    deps_for: Callable[[Mapping[str, Inputs]], tuple[str, ...]] | None = None
     recipe: Callable[[Context], str]
     # Stage this one is built FROM; None means the manifest's base image itself.
     parent: str | None = "base"
@@ -146,6 +149,18 @@ class Stage:
     # its differences without failing. Every other stage is held to it by that rebuild.
     reproducible: bool = True
     reproducible_reason: str = ""
+
+
+def chosen_deps(stages: Mapping[str, Stage],
+                tables: Mapping[str, Inputs]) -> Mapping[str, Stage]:
+    """`stages`, each with the deps its `deps_for` picks for a manifest's stage tables; the
+    same object when none changes (closures are remembered per registry object)."""
+    changed = {name: stage.deps_for(tables) for name, stage in stages.items()
+               if stage.deps_for is not None and stage.deps_for(tables) != stage.deps}
+    if not changed:
+        return stages
+    return {name: dataclasses.replace(stage, deps=changed[name]) if name in changed else stage
+            for name, stage in stages.items()}
 
 
 def url_source(stage: str, inputs: Inputs, *, suffix: str = "") -> UrlSource:

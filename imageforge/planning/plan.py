@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from imageforge.errors import LockError, ManifestError
 from imageforge.model.manifest import Manifest
-from imageforge.model.stage import Context, Stage, keyed_inputs
+from imageforge.model.stage import Context, Stage, chosen_deps, keyed_inputs
 from imageforge.planning.dag import closure, direct_deps
 from imageforge.planning.render import render_stage
 from imageforge.sources.sources import Source
@@ -117,6 +117,7 @@ def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
         raise ManifestError(f"{manifest.path}: --target {target}: image.extends = "
                             f"{manifest.image['extends']!r} already has it; build a stage it "
                             "lacks, or use that image as it is.")
+    registry = chosen_deps(registry, manifest.stages)
     names = closure(target, registry)
     inputs = {name: stage_inputs(manifest, registry[name], target) for name in names}
     # Recipes may read the settings of a stage outside this graph (pytorch reads python's

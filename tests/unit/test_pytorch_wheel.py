@@ -13,7 +13,7 @@ import pytest
 
 from imageforge.errors import CompatibilityError
 from imageforge.model.manifest import load
-from imageforge.model.stage import Context
+from imageforge.model.stage import Context, chosen_deps
 from imageforge.planning import compat, rules
 from imageforge.sources import piplock
 from stages import STAGES, pytorch_wheel
@@ -202,3 +202,43 @@ def test_the_waiver_example_names_the_rule_that_was_broken() -> None:
         rules.enforce(loaded, None, registry=STAGES)
     assert str(refused.value).splitlines()[-1].endswith(
         'e.g. [waive] torch-wheel-companions = "why".')
+
+
+def plan_keys(*sets: str) -> dict[str, str]:
+    args = [a for s in sets for a in ("--set", s)]
+    result = subprocess.run([INVOKE, "plan", "--json", "--target", "training", "--manifest",
+                             str(MANIFEST), *args], cwd=ROOT, capture_output=True, text=True,
+                            check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return {s["name"]: s["key"] for s in json.loads(result.stdout)["stages"]}
+
+
+def test_an_nccl_bump_keeps_the_wheel_closures_key(dockerfile: str) -> None:
+    """A wheel torch only links to the nccl stage's path, so NCCL is not among its deps: a
+    new NCCL rebuilds NCCL and what is built against it, never the 4.7 GB wheel install."""
+    before = plan_keys()
+    after = plan_keys("stages.nccl.version=2.29.7", "waive.nccl-pytorch-pin=a test of keys")
+    assert {n for n in before if before[n] != after[n]} == {
+        "nccl", "aws-ofi-nccl", "nccl-tests", "training"}
+    # The pytorch block copies no NCCL; the image gathers both, so the link resolves there.
+    blocks = dict(part.split(" ----\n", 1) for part in dockerfile.split("\n# ---- ")[1:])
+    assert "--from=nccl" not in blocks["pytorch"]
+    assert "COPY --from=nccl " in blocks["training"]
+
+
+def test_a_source_built_torch_still_keys_on_its_nccl() -> None:
+    """The deps a setting picks (Stage.deps_for), each way: source builds compile against the
+    nccl stage, and a source torchvision on a wheel torch needs it to import torch."""
+    tables = {"pytorch": {"provider": "source"}}
+    graph = chosen_deps(STAGES, tables)
+    assert graph["pytorch"].deps == ("python", "nccl")
+    assert graph["torchvision"].deps == ("python", "pytorch")
+    wheel = chosen_deps(STAGES, {"pytorch": {"provider": "wheel"}})
+    assert wheel["pytorch"].deps == ("python",)
+    assert wheel["torchvision"].deps == ("python", "pytorch", "nccl")
+    assert chosen_deps(STAGES, {}) == graph  # no table: the default provider, "source"
+    # Every choice is among the declared deps, which static graphs (dag.closure) use.
+    for name, stage in STAGES.items():
+        for provider in ("source", "wheel"):
+            chosen = chosen_deps(STAGES, {"pytorch": {"provider": provider}})[name].deps
+            assert set(chosen) <= set(stage.deps), name
