@@ -1,7 +1,8 @@
 """A stand-in Docker engine API on a real unix socket, for unit tests of what imageforge asks
 the local engine without the docker CLI (imageforge/engineapi.py): DOCKER_HOST points at it,
 and it answers /version, /images/<name>/json and /images/json?filters= as the engine does,
-from the images a test gives it."""
+from the images a test gives it, or one fixed answer to every request (a test of what no engine
+should answer)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,13 @@ ID = "sha256:" + "1" * 64
 class _Handler(http.server.BaseHTTPRequestHandler):
     images: ClassVar[dict[str, str]] = {}
     labels: ClassVar[dict[str, dict[str, str]]] = {}
+    # {"status": int, "body": bytes}, which the test may change while serving; None: the API.
+    fixed: ClassVar[dict[str, Any] | None] = None
 
     def do_GET(self) -> None:
+        if self.fixed is not None:
+            self._send(self.fixed["status"], self.fixed["body"])
+            return
         url = urllib.parse.urlsplit(self.path)
         body: Any
         if url.path == "/version":
@@ -41,7 +47,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status = 200 if found else 404
             body = {"Id": found, "Config": {"Labels": self.labels.get(name)}} if found \
                 else {"message": "No such image"}
-        data = json.dumps(body).encode()
+        self._send(status, json.dumps(body).encode())
+
+    def _send(self, status: int, data: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -57,13 +65,16 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 @contextlib.contextmanager
 def serve_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                 labels: dict[str, dict[str, str]] | None = None) -> Iterator[dict[str, str]]:
+                 labels: dict[str, dict[str, str]] | None = None,
+                 fixed: dict[str, Any] | None = None) -> Iterator[dict[str, str]]:
     """Serve on tmp_path/docker.sock; yields the images (name -> ID) the test sets."""
     sock = tmp_path / "docker.sock"
     images: dict[str, str] = {}
-    handler = type("Handler", (_Handler,), {"images": images, "labels": labels or {}})
+    handler = type("Handler", (_Handler,), {"images": images, "labels": labels or {},
+                                            "fixed": fixed})
     server = _Server(str(sock), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # Polled every 50 ms, so that shutdown returns at once.
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
     monkeypatch.delenv("DOCKER_CONTEXT", raising=False)

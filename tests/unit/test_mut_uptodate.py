@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import http.server
 import json
 import os
 import re
-import socketserver
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from imageforge import uptodate
+from tests.engine_socket import serve_engine
 
 ARGV = ["build", "--target", "smddp"]
 TAG = "imageforge/smddp:t"
@@ -197,46 +195,14 @@ def test_the_git_files_are_head_packed_refs_and_the_branch_head_names(tmp_path: 
 
 # ---- remember -------------------------------------------------------------------------------
 
-class _Engine(http.server.BaseHTTPRequestHandler):
-    """The engine API's /images/<name>/json: `answer` (status, body) for every image; the test
-    changes it to what no engine should answer."""
-
-    answer: ClassVar[dict[str, Any]]
-
-    def do_GET(self) -> None:
-        body: bytes = self.answer["body"]
-        self.send_response(self.answer["status"])
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
 @pytest.fixture
 def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """A stand-in engine on a real unix socket at tmp_path/docker.sock, holding every image
-    the test asks for (as ID): the environment, and so the record's name, stays the same
-    whatever the test makes it answer."""
+    """A stand-in engine on a real unix socket (tests/engine_socket.py) that answers every
+    request with `answer`, the image's ID at first: the environment, and so the record's name,
+    stays the same whatever the test makes it answer."""
     answer: dict[str, Any] = {"status": 200, "body": json.dumps({"Id": ID}).encode()}
-    server = _Server(str(tmp_path / "docker.sock"), type("Handler", (_Engine,),
-                                                         {"answer": answer}))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'docker.sock'}")
-    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    try:
+    with serve_engine(tmp_path, monkeypatch, fixed=answer):
         yield answer
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 ODD = {"no image ID": json.dumps({"Config": {}}).encode(), "not JSON": b"not json"}

@@ -6,7 +6,6 @@ one stand-in), and a real git repository carries the tags."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from imageforge.model.lockpin import Upstream
 from imageforge.model.manifest import load
 from imageforge.sources import upstream
 from stages import STAGES, ncclwheelpin
+from tests.gittags import tagged_repo
 from tests.unit.test_wheelmeta import Index, build_wheel, serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,16 +28,7 @@ IMAGE = {"python": "3.11", "platform": "linux/amd64", "cuda": "13.0"}
 @pytest.fixture(scope="module")
 def nccl_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
     """A git repository with NCCL's tag names, and the commit each names."""
-    repo = tmp_path_factory.mktemp("nccl")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    commits = {}
-    for tag in ("v2.29.3-1", "v2.30.7-1"):
-        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", tag], check=True)
-        subprocess.run([*git, "tag", "-a", "-m", tag, tag], check=True)
-        commits[tag] = subprocess.run([*git, "rev-parse", "HEAD"], check=True,
-                                      capture_output=True, text=True).stdout.strip()
-    return str(repo), commits
+    return tagged_repo(tmp_path_factory.mktemp("nccl"), ("v2.29.3-1", "v2.30.7-1"))
 
 
 def index_of(tmp_path: Path, wheels: dict[tuple[str, str], tuple[str, ...]]) -> Index:

@@ -15,6 +15,7 @@ import pytest
 from imageforge.errors import SourceError
 from imageforge.model.lockpin import Upstream
 from stages import ncclwheelpin
+from tests.gittags import tagged_repo
 from tests.unit.test_wheelmeta import Index, build_wheel, serve
 from tests.unit.test_wheelmeta_edges import Scripted, scripted
 
@@ -28,16 +29,7 @@ NCCL = f"nvidia_nccl_cu13-2.30.7-{NCCL_X86}.whl"
 @pytest.fixture(scope="module")
 def nccl_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
     """A git repository with NCCL's tag names, and the commit each names."""
-    repo = tmp_path_factory.mktemp("nccl")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    commits = {}
-    for tag in ("v2.30.5-1", "v2.30.7-1"):
-        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", tag], check=True)
-        subprocess.run([*git, "tag", "-a", "-m", tag, tag], check=True)
-        commits[tag] = subprocess.run([*git, "rev-parse", "HEAD"], check=True,
-                                      capture_output=True, text=True).stdout.strip()
-    return str(repo), commits
+    return tagged_repo(tmp_path_factory.mktemp("nccl"), ("v2.30.5-1", "v2.30.7-1"))
 
 
 @pytest.fixture(scope="module")
