@@ -22,8 +22,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
-from imageforge import exits, front, log
-from imageforge.cache import diskfull
+from imageforge import diskfull, exits, front, log
 from imageforge.errors import FatalError, UsageError
 from stages import STAGES, discover
 

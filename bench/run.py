@@ -51,9 +51,9 @@ from bench.report import (
     update_tables,
 )
 from imageforge.errors import FatalError
+from imageforge.model.dag import closure
 from imageforge.model.stage import filename_of
 from imageforge.planning import project
-from imageforge.planning.dag import closure
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.plan import Plan
 from imageforge.sources import cabundle

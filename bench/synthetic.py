@@ -23,13 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from imageforge.model.dag import closure
 from imageforge.model.manifest import Manifest
+from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import EXPORT_ROOT, Context, Field, Stage, url_source
-from imageforge.planning.dag import closure
 from imageforge.planning.dockerfile import bind, run, sh
 from imageforge.planning.plan import Plan, make_plan
 from imageforge.planning.render import render_dockerfile
-from imageforge.sources.sources import Source
 
 ROOT_STAGE = "s0000"
 SLOW_SECONDS = 1.0

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from imageforge.cache import diskfull
+from imageforge import diskfull
 from imageforge.errors import CacheError, FatalError, UsageError
 from imageforge.model import validate
 from imageforge.model.stage import Stage

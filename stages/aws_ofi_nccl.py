@@ -50,6 +50,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from imageforge.image import smoke
+from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import (
     EXPORT_ROOT,
     Check,
@@ -61,7 +62,6 @@ from imageforge.model.stage import (
     url_source,
 )
 from imageforge.planning.dockerfile import apt_install, bind, run, sh
-from imageforge.sources.sources import Source
 from stages import aws_ofi_nccl_efa
 from stages.aws_ofi_nccl_rules import RULES
 

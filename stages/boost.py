@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from imageforge.image import smoke
+from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, url_fields, url_source
 from imageforge.planning.dockerfile import bind, run, sh
-from imageforge.sources.sources import Source
 
 
 def sources(ctx: Context) -> Sequence[Source]:

@@ -26,10 +26,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from imageforge.image import smoke
+from imageforge.model.sourcetypes import Signature, Source
 from imageforge.model.stage import Check, Context, Field, Stage, url_fields, url_source
 from imageforge.planning.dockerfile import APT_CLEAN, bind, run, sh
-from imageforge.sources.signature import DEFAULT_KEY_URL, Signature
-from imageforge.sources.sources import Source
+from imageforge.sources.signature import DEFAULT_KEY_URL
 from stages.efa_rules import RULES, known_efa
 
 

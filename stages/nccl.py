@@ -45,6 +45,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from imageforge.image import smoke
+from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
 from imageforge.planning.compat import numeric
 from imageforge.planning.dockerfile import (
@@ -56,7 +57,6 @@ from imageforge.planning.dockerfile import (
     run,
     sh,
 )
-from imageforge.sources.sources import Source
 from stages import nccl_wheel
 from stages.nccl_pytorch_pin import PIN as PYTORCH_PIN
 from stages.nccl_rules import RULES

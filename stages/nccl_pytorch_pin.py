@@ -18,10 +18,10 @@ from typing import Any
 from imageforge.errors import LockError, ManifestError
 from imageforge.model.lockpin import LockPin, Pin, Upstream
 from imageforge.model.manifest import Manifest
+from imageforge.model.sourcetypes import GitSource
 from imageforge.model.stage import Context, Stage
 from imageforge.planning.compat import image_cuda
 from imageforge.planning.plan import stage_inputs
-from imageforge.sources.sources import GitSource
 from imageforge.textsafe import redact
 from stages import nccl_wheel, ncclwheelpin
 from stages.ncclpin import pytorch_nccl_pin

@@ -46,6 +46,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from imageforge.errors import ManifestError
+from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import (
     EXPORT_ROOT,
     Check,
@@ -58,7 +59,6 @@ from imageforge.model.stage import (
 )
 from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from imageforge.sources import piplock
-from imageforge.sources.sources import Source
 from stages import pytorch_wheel
 
 PYTHON = "/opt/conda/bin/python"

@@ -35,10 +35,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from imageforge.image import smoke
+from imageforge.model.sourcetypes import Source, UrlSource
 from imageforge.model.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
 from imageforge.planning.dockerfile import apt_commands, apt_install, bind, run, sh
 from imageforge.sources import piplock
-from imageforge.sources.sources import Source, UrlSource
 from stages import sagemaker_training
 from stages.smddp_rules import RULES
 

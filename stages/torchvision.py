@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from imageforge.image import smoke
+from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import (
     EXPORT_ROOT,
     Check,
@@ -37,7 +38,6 @@ from imageforge.model.stage import (
     git_source,
 )
 from imageforge.planning.dockerfile import apt_install, bind, run, sh
-from imageforge.sources.sources import Source
 from stages import pytorch_wheel
 from stages.torchvision_rules import RULES
 

@@ -11,9 +11,9 @@ import re
 import subprocess
 from pathlib import Path
 
-from imageforge.buildkit.docker import BUILDX_MISSING
-from imageforge.cache import diskfull
+from imageforge import diskfull
 from imageforge.cmd import docker
+from imageforge.docker import BUILDX_MISSING
 from imageforge.errors import DockerError, FatalError, RegistryError
 
 

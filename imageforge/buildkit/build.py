@@ -22,7 +22,6 @@ from typing import Any
 from imageforge import jsonfile, log
 from imageforge.buildkit import bake, cachemounts, dryrun
 from imageforge.buildkit.bake import absolute_if_local
-from imageforge.buildkit.docker import ensure_ready, local_image
 from imageforge.buildkit.export import exported_stages
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import (
@@ -41,6 +40,7 @@ from imageforge.cache.keylock import locked_all
 from imageforge.cache.remote import Remote
 from imageforge.cache.transfer import push_entries
 from imageforge.cmd import docker, docker_binary
+from imageforge.docker import ensure_ready, local_image
 from imageforge.errors import (
     CacheError,
     LockError,

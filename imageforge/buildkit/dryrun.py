@@ -13,10 +13,11 @@ from imageforge.errors import (
     LockError,
 )
 from imageforge.image.labels import default_tag, labels
+from imageforge.model.sourcetypes import Source
 from imageforge.planning import project
 from imageforge.planning.execute import LayerCache, Run, bake_file, make_run, reused, to_build
 from imageforge.planning.plan import Plan
-from imageforge.sources.sources import Source, SourceCache
+from imageforge.sources.sources import SourceCache
 
 
 def print_dry_run(settings: project.Settings, planned: Plan, options: BuildOptions) -> None:

@@ -25,7 +25,6 @@ from typing import Literal
 
 from imageforge.buildkit import bake, cachemounts
 from imageforge.buildkit.build import builder_args, image_store
-from imageforge.buildkit.docker import ensure_ready
 from imageforge.buildkit.progress import BuildProgress, Mode
 from imageforge.cache import remote as remote_mod
 from imageforge.cache import verified
@@ -34,6 +33,7 @@ from imageforge.cache.layoutdiff import REPACKED, first_difference, top_digest
 from imageforge.cache.remote import Remote
 from imageforge.cache.transfer import fetch_layout
 from imageforge.cmd import docker, docker_binary
+from imageforge.docker import ensure_ready
 from imageforge.errors import CacheError, DockerError, NotReproducibleError, UsageError
 from imageforge.planning import localtree, project
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET

@@ -17,13 +17,13 @@ import uuid
 from pathlib import Path
 
 from imageforge.buildkit.build import build
-from imageforge.buildkit.docker import LABEL_PREFIX, local_image
 from imageforge.buildkit.progress import Mode
 from imageforge.buildkit.results import BuildOptions
 from imageforge.buildkit.verify import IMAGE_STORE_NOTE, Verdict, save_image
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.layoutdiff import first_difference
 from imageforge.cmd import docker
+from imageforge.docker import LABEL_PREFIX, local_image
 from imageforge.errors import DockerError, LockError, UsageError
 from imageforge.planning import project
 

@@ -25,8 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge import jsonfile, log
-from imageforge.cache import diskfull
+from imageforge import diskfull, jsonfile, log
 from imageforge.cache.imagestore import ImageStore, artifact_ref
 from imageforge.cache.keylock import locked
 from imageforge.errors import CacheError

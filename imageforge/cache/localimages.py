@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from imageforge.buildkit.docker import local_image_id
+from imageforge.docker import local_image_id
 from imageforge.jsonfile import read_object
 
 # read: the recorded ID, else the image store's (plans write nothing); record: the same, and

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from imageforge.buildkit.docker import ensure_ready, image_digest
 from imageforge.cmd import docker, docker_binary, run
+from imageforge.docker import ensure_ready, image_digest
 from imageforge.errors import DockerError, ImageCheckError
 from imageforge.model.stage import Check, Context, Needs, Stage
 from imageforge.planning import project

@@ -6,8 +6,8 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from imageforge.buildkit.docker import LABEL_PREFIX
 from imageforge.cmd import run
+from imageforge.docker import LABEL_PREFIX
 from imageforge.errors import (
     FatalError,
 )

@@ -271,13 +271,13 @@ def _test(settings: project.Settings, image: str) -> str:
 def image_target(settings: project.Settings, image: str) -> str:
     """The target `image` was built for: its label (every image imageforge builds has it),
     else the image the manifest defines."""
-    from imageforge.buildkit.docker import image_labels
+    from imageforge.docker import image_labels
 
     return image_labels(image).get("io.imageforge.target") or project.default_target(settings)
 
 
 def _local_digest(ref: str) -> str:
-    from imageforge.buildkit.docker import image_digest
+    from imageforge.docker import image_digest
 
     return image_digest(ref)
 

@@ -15,8 +15,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from imageforge.buildkit.docker import LABEL_PREFIX, local_image
 from imageforge.cmd import docker
+from imageforge.docker import LABEL_PREFIX, local_image
 from imageforge.errors import DockerError, ManifestError
 from imageforge.model.manifest import Manifest
 from imageforge.model.stage import Stage, chosen_deps

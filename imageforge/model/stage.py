@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from imageforge.model.sourcetypes import GitSource, Source, UrlSource
 from imageforge.model.validate import Kind
-from imageforge.sources.sources import GitSource, Source, UrlSource
 
 if TYPE_CHECKING:
     from imageforge.model.lockpin import LockPin

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from imageforge.errors import LockError, ManifestError
+from imageforge.model.dag import closure, direct_deps
 from imageforge.model.manifest import Manifest
+from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import Context, Stage, chosen_deps, keyed_inputs
-from imageforge.planning.dag import closure, direct_deps
 from imageforge.planning.render import render_stage
-from imageforge.sources.sources import Source
 
 Status = Literal["cached", "remote", "build"]
 

@@ -20,11 +20,11 @@ from imageforge.cache.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.errors import ManifestError, UsageError
 from imageforge.model import extends
 from imageforge.model import manifest as manifest_mod
+from imageforge.model.dag import closure
 from imageforge.model.manifest import Manifest, refuse_moved_pins
 from imageforge.model.manifestlock import ManifestLock, open_manifest
 from imageforge.model.stage import Stage
 from imageforge.planning import compat, rules
-from imageforge.planning.dag import closure
 from imageforge.planning.execute import is_external
 from imageforge.planning.plan import Plan, Status, defined_targets, make_plan
 from imageforge.planning.render import render_dockerfile

@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from imageforge.model.dag import closure
 from imageforge.model.stage import EXPORT_ROOT, Context, Stage
-from imageforge.planning.dag import closure
 from imageforge.planning.dockerfile import env_line
 
 HEADER = """\

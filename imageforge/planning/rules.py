@@ -28,7 +28,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any, Final
 
-from imageforge.buildkit.docker import LABEL_PREFIX
+from imageforge.docker import LABEL_PREFIX
 from imageforge.errors import CompatibilityError, ManifestError
 from imageforge.model.manifest import Manifest
 from imageforge.planning import compat

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from imageforge import cmd
-from imageforge.buildkit.docker import ensure_daemon
 from imageforge.cmd import docker_binary
+from imageforge.docker import ensure_daemon
 from imageforge.errors import DockerError, TrainingJobError
 from imageforge.sagemaker.contract import (
     LABEL,

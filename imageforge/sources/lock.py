@@ -34,12 +34,13 @@ from imageforge import jsonfile
 from imageforge.cmd import run
 from imageforge.errors import DockerError, FatalError, LockError, ManifestError
 from imageforge.model import extends, lockpin
+from imageforge.model.dag import closure
 from imageforge.model.manifest import Manifest, with_versions
+from imageforge.model.sourcetypes import GitSource, Source, UrlSource
 from imageforge.model.stage import Context, Stage
-from imageforge.planning.dag import closure
 from imageforge.sources import gitsource, lockcheck, piplock, tarcheck, upstream
 from imageforge.sources.download import download
-from imageforge.sources.sources import GitSource, Source, SourceCache, UrlSource
+from imageforge.sources.sources import SourceCache
 from imageforge.textsafe import escaped, redact, shown
 
 FORMAT = 2

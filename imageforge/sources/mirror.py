@@ -37,13 +37,13 @@ from requests.utils import get_netrc_auth
 
 from imageforge.errors import ManifestError, SourceError
 from imageforge.model.manifest import Manifest
+from imageforge.model.sourcetypes import GitSource, Signature, Source, UrlSource
 from imageforge.model.stage import Context, Stage, filename_of
 from imageforge.planning.plan import stage_inputs
 from imageforge.sources import gitsource
 from imageforge.sources.download import download
 from imageforge.sources.lock import defined_stages
-from imageforge.sources.signature import Signature
-from imageforge.sources.sources import GitSource, Source, SourceCache, UrlSource
+from imageforge.sources.sources import SourceCache
 from imageforge.textsafe import redact
 
 INDEX = "index.json"

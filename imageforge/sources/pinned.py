@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from imageforge.model.manifest import Manifest
+from imageforge.model.sourcetypes import GitSource
 from imageforge.model.stage import Context, Stage
 from imageforge.sources import gitsource
-from imageforge.sources.sources import GitSource
 
 
 def verify_commits(manifest: Manifest, registry: Mapping[str, Stage],

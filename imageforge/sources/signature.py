@@ -8,7 +8,6 @@ by the key with the pinned primary fingerprint (or one of its subkeys) passes.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import tempfile
@@ -19,25 +18,11 @@ import requests
 
 from imageforge.cmd import run
 from imageforge.errors import SourceError
+from imageforge.model.sourcetypes import Signature
 from imageforge.sources.download import download
 from imageforge.textsafe import redact
 
 DEFAULT_KEY_URL = "https://efa-installer.amazonaws.com/aws-efa-installer.key"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Signature:
-    url: str  # the detached signature
-    key_url: str  # the signer's public key
-    fingerprint: str  # 40 upper-case hex digits, no spaces
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fingerprint", normalize(self.fingerprint))
-
-
-def normalize(fingerprint: str) -> str:
-    """'9c82 e37b ...' -> '9C82E37B...': gpg prints fingerprints in upper case, unspaced."""
-    return fingerprint.replace(" ", "").upper()
 
 
 def verify(signature: Signature, file: Path, *, origin: str,

@@ -18,7 +18,6 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,52 +35,18 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from imageforge.cache import diskfull
-from imageforge.errors import Interrupted, LockError, SourceError
+from imageforge import diskfull
+from imageforge.errors import Interrupted, LockError
+from imageforge.model.sourcetypes import GitSource, Source, UrlSource
 from imageforge.sources import tarcheck
 from imageforge.sources.download import Progress as ProgressCallback
 from imageforge.sources.download import download, interrupt
 from imageforge.sources.gitsource import checkout
-from imageforge.sources.signature import Signature, verify
+from imageforge.sources.signature import verify
 from imageforge.textsafe import redact, shown
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class UrlSource:
-    """A single file, pinned by sha256."""
-
-    name: str  # context name, e.g. "src-efa"
-    url: str
-    sha256: str | None  # None only while locking
-    filename: str  # file name inside the context dir
-    # Checked before the file enters the cache (e.g. the EFA installer's .sig).
-    signature: Signature | None = None
-    # The key of the stage's table the lock fills with the file's sha256.
-    pin_key: str = "sha256"
-
-    def __post_init__(self) -> None:
-        if self.filename in ("", ".", "..") or "/" in self.filename or "\0" in self.filename:
-            raise SourceError(
-                f"source {self.name} has an invalid file name {shown(self.filename)}; use a plain "
-                "file name without '/'"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class GitSource:
-    """A git tree at a locked commit, optionally with submodules."""
-
-    name: str
-    repo: str
-    ref: str  # tag/branch as written in the manifest
-    commit: str | None  # locked commit SHA
-    submodules: tuple[str, ...] | bool = False
-
-
-Source = UrlSource | GitSource
 
 
 class Locator(Protocol):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.buildkit.bakefail import cause, explain
-from imageforge.buildkit.docker import BUILDX_MISSING
+from imageforge.docker import BUILDX_MISSING
 from imageforge.errors import DockerError
 
 TOKEN = "Zm9vYmFyLXVwbG9hZC10b2tlbi0xMjM0NTY3ODkw"

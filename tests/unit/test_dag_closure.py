@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imageforge.errors import ManifestError
+from imageforge.model.dag import closure, direct_deps
 from imageforge.model.stage import Stage
-from imageforge.planning.dag import closure, direct_deps
 
 
 def stage(name: str, deps: tuple[str, ...], parent: str | None = None) -> Stage:

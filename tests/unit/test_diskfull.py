@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.cache import diskfull
+from imageforge import diskfull
 from imageforge.errors import CacheError, SourceError
 
 # Verbatim from the fault tests on a 2 MiB tmpfs (tests/integration/test_faults.py).

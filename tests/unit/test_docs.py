@@ -16,10 +16,10 @@ import pytest
 
 from imageforge.model.manifest import load
 from imageforge.model.reference import page
+from imageforge.model.sourcetypes import GitSource
 from imageforge.planning import project
 from imageforge.planning.plan import Plan, make_plan
 from imageforge.planning.project import DEFAULT_MANIFEST
-from imageforge.sources.sources import GitSource
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

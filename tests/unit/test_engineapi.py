@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import engineapi
-from imageforge.buildkit import docker
+from imageforge import docker, engineapi
 from imageforge.cache.imagestore import ImageStore
 from imageforge.errors import DockerError
 from tests.engine_socket import ID, TAG, serve_engine

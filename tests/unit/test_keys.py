@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from imageforge.model.dag import closure
 from imageforge.model.manifest import IMAGE_FIELDS, load
 from imageforge.model.stage import Field
 from imageforge.planning import project
-from imageforge.planning.dag import closure
 from imageforge.planning.plan import make_plan
 from stages import STAGES
 

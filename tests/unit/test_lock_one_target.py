@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from imageforge.model.dag import closure
 from imageforge.model.lockpin import LockPin
 from imageforge.model.manifest import Manifest, load
+from imageforge.model.sourcetypes import Source, UrlSource
 from imageforge.model.stage import Stage
-from imageforge.planning.dag import closure
 from imageforge.sources import lock, upstream
-from imageforge.sources.sources import Source, UrlSource
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,8 +20,9 @@ from pytest_httpserver import HTTPServer
 from imageforge.errors import DockerError, LockError, ManifestError, SourceError
 from imageforge.model import extends
 from imageforge.model.manifest import Manifest, load
+from imageforge.model.sourcetypes import GitSource, UrlSource
 from imageforge.sources import lock, piplock, upstream
-from imageforge.sources.sources import GitSource, SourceCache, UrlSource
+from imageforge.sources.sources import SourceCache
 from sample.serve import ServerHandle
 from stages import STAGES, nccl_pytorch_pin
 from tests.unit.conftest import ROOT, sample_manifest

@@ -19,9 +19,10 @@ import pytest
 
 from imageforge.errors import CompatibilityError, LockError
 from imageforge.model.manifest import Manifest, load
+from imageforge.model.sourcetypes import Source, UrlSource
 from imageforge.model.stage import Context, Stage, git_source
 from imageforge.sources import lock, piplock
-from imageforge.sources.sources import Source, SourceCache, UrlSource
+from imageforge.sources.sources import SourceCache
 from imageforge.sources.upstream import Endpoints
 from stages import STAGES, nccl_pytorch_pin
 from tests.servers import ScriptedServer

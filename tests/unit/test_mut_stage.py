@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from imageforge.model.sourcetypes import GitSource
 from imageforge.model.stage import filename_of, git_source
-from imageforge.sources.sources import GitSource
 
 
 @pytest.mark.parametrize(("url", "name"), [

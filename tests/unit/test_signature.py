@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ManifestError, SourceError
+from imageforge.model.sourcetypes import Signature, UrlSource
 from imageforge.planning import project
-from imageforge.sources.signature import Signature
-from imageforge.sources.sources import SourceCache, UrlSource
+from imageforge.sources.sources import SourceCache
 from sample.serve import ServerHandle
 from stages import STAGES
 from tests.payloads import random_tarball

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ChecksumError, LockError, SourceError
-from imageforge.sources.sources import GitSource, Source, SourceCache, UrlSource
+from imageforge.model.sourcetypes import GitSource, Source, UrlSource
+from imageforge.sources.sources import SourceCache
 from tests.payloads import random_tarball
 from tests.servers import ScriptedServer
 
@@ -127,7 +128,8 @@ def test_two_processes_fetch_once(server: ScriptedServer, tmp_path: Path) -> Non
     server.route("/efa.tar.gz", EFA, drip=0.03)
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from imageforge.sources.sources import SourceCache, UrlSource
+        from imageforge.sources.sources import SourceCache
+        from imageforge.model.sourcetypes import UrlSource
         source = UrlSource(name="src-efa", url={server.url("/efa.tar.gz")!r},
                            sha256={sha(EFA)!r}, filename="efa.tar.gz")
         print(SourceCache(Path({str(tmp_path / "sources")!r})).materialize(source))

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import SourceError
+from imageforge.model.sourcetypes import UrlSource
 from imageforge.sources import tarcheck
-from imageforge.sources.sources import SourceCache, UrlSource
+from imageforge.sources.sources import SourceCache
 from sample.serve import ServerHandle
 from tests.servers import ScriptedServer
 from tests.unit.conftest import sample_manifest
