@@ -13,8 +13,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.model.manifest import Manifest
-from imageforge.planning.compat import (
+from imageforge.model.compat import (
     Floor,
     Note,
     Registry,
@@ -25,6 +24,7 @@ from imageforge.planning.compat import (
     read,
     stage_version,
 )
+from imageforge.model.manifest import Manifest
 from stages.efa_rules import image_libfabric, installer_with, installers_in
 
 DATA = Path(__file__).with_name("aws_ofi_nccl_rules.toml")

@@ -10,8 +10,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.model.manifest import Manifest
-from imageforge.planning.compat import (
+from imageforge.model.compat import (
     CUDA_BASE,
     Registry,
     Rule,
@@ -21,6 +20,7 @@ from imageforge.planning.compat import (
     numeric,
     read,
 )
+from imageforge.model.manifest import Manifest
 
 DATA = Path(__file__).with_name("base_rules.toml")
 

@@ -12,8 +12,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.model.manifest import Manifest
-from imageforge.planning.compat import (
+from imageforge.model.compat import (
     Floor,
     Registry,
     Rule,
@@ -26,6 +25,7 @@ from imageforge.planning.compat import (
     read,
     stage_version,
 )
+from imageforge.model.manifest import Manifest
 
 DATA = Path(__file__).with_name("efa_rules.toml")
 PLUGIN = "aws-ofi-nccl"

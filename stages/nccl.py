@@ -45,9 +45,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from imageforge.image import smoke
+from imageforge.model.compat import numeric
 from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
-from imageforge.planning.compat import numeric
 from imageforge.planning.dockerfile import (
     CCACHE_MOUNT,
     LDCONFIG,

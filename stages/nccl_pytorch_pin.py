@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from imageforge.errors import LockError, ManifestError
+from imageforge.model.compat import image_cuda
+from imageforge.model.inputs import stage_inputs
 from imageforge.model.lockpin import LockPin, Pin, Upstream
 from imageforge.model.manifest import Manifest
 from imageforge.model.sourcetypes import GitSource
 from imageforge.model.stage import Context, Stage
-from imageforge.planning.compat import image_cuda
-from imageforge.planning.plan import stage_inputs
 from imageforge.textsafe import redact
 from stages import nccl_wheel, ncclwheelpin
 from stages.ncclpin import pytorch_nccl_pin

@@ -13,8 +13,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from imageforge.model.manifest import Manifest
-from imageforge.planning.compat import (
+from imageforge.model.compat import (
     Registry,
     Rule,
     Violation,
@@ -23,6 +22,7 @@ from imageforge.planning.compat import (
     read,
     stage_version,
 )
+from imageforge.model.manifest import Manifest
 
 DATA = Path(__file__).with_name("torchvision_rules.toml")
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from imageforge.model import compat
 from imageforge.model.manifest import Manifest
 from imageforge.model.stage import Stage
-from imageforge.planning import compat
 from stages import STAGES, nccl_pytorch_pin, nccl_rules
 from stages.ncclpin import NcclPin
 

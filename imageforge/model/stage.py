@@ -16,8 +16,8 @@ from imageforge.model.sourcetypes import GitSource, Source, UrlSource
 from imageforge.model.validate import Kind
 
 if TYPE_CHECKING:
+    from imageforge.model.compat import Note, PinRule, Rule
     from imageforge.model.lockpin import LockPin
-    from imageforge.planning.compat import Note, PinRule, Rule
 
 Inputs = Mapping[str, Any]
 # What a check needs besides the image. "efa" means an EFA device; the instances that have
@@ -140,7 +140,7 @@ class Stage:
     # Pins this stage resolves at lock time from other stages' pins (imageforge.model.lockpin),
     # e.g. the NCCL that PyTorch's commit pins.
     lock_pins: tuple[LockPin, ...] = ()
-    # Compatibility rules of this stage (imageforge.planning.compat), each with its id, the function
+    # Compatibility rules of this stage (imageforge.model.compat), each with its id, the function
     # that judges a manifest and the data file beside the module (source, fix hint, version
     # tables); notes are findings `invoke check` prints that are nothing to waive.
     rules: tuple[Rule | PinRule | Note, ...] = ()

@@ -13,8 +13,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from imageforge.errors import LockError, ManifestError
+from imageforge.errors import ManifestError
 from imageforge.model.dag import closure, direct_deps
+from imageforge.model.inputs import stage_inputs
 from imageforge.model.manifest import Manifest
 from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import Context, Stage, chosen_deps, keyed_inputs
@@ -79,36 +80,6 @@ class Plan:
             # Only when a stage declares it: each stage's object keeps DESIGN.md's shape.
             **({"not_reproducible": self.not_reproducible} if self.not_reproducible else {}),
         }
-
-
-def defined_targets(manifest: Manifest, registry: Mapping[str, Stage]) -> list[str]:
-    """Image targets whose every stage the manifest defines (or needs no table for)."""
-    def defined(name: str) -> bool:
-        fields = registry[name].fields.values()
-        return manifest.has_stage(name) or not any(f.required for f in fields)
-
-    return [name for name, stage in registry.items()
-            if stage.image and all(defined(n) for n in closure(name, registry))]
-
-
-def stage_inputs(manifest: Manifest, stage: Stage, target: str) -> dict[str, Any]:
-    """The manifest's values for `stage`, or its defaults when it has no table."""
-    if manifest.has_stage(stage.name):
-        values = dict(manifest.stages[stage.name])
-    else:
-        missing = [k for k, f in stage.fields.items() if f.required]
-        if missing:
-            raise ManifestError(
-                f"{manifest.path}: target {target!r} needs stage {stage.name!r}, which has no "
-                f"[stages.{stage.name}] table; add one with at least: {', '.join(missing)}.")
-        values = {k: f.default for k, f in stage.fields.items()}
-    for key, field in stage.fields.items():
-        if field.same_as and not values.get(key):
-            values[key] = manifest.image[field.same_as]
-    if values.get("version") == "auto":
-        raise LockError(f"{manifest.path}: stages.{stage.name}.version = \"auto\" must be "
-                        "resolved first; run `invoke lock`.")
-    return values
 
 
 def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],

@@ -18,18 +18,19 @@ from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cache.imagestore import ImageStore
 from imageforge.cache.remote import Remote, RemoteUnavailable, warn_unavailable
 from imageforge.errors import ManifestError, UsageError
-from imageforge.model import extends
+from imageforge.model import compat, extends
 from imageforge.model import manifest as manifest_mod
 from imageforge.model.dag import closure
+from imageforge.model.inputs import defined_targets
 from imageforge.model.manifest import Manifest, refuse_moved_pins
-from imageforge.model.manifestlock import ManifestLock, open_manifest
 from imageforge.model.stage import Stage
-from imageforge.planning import compat, rules
+from imageforge.planning import rules
 from imageforge.planning.execute import is_external
-from imageforge.planning.plan import Plan, Status, defined_targets, make_plan
+from imageforge.planning.plan import Plan, Status, make_plan
 from imageforge.planning.render import render_dockerfile
 from imageforge.sources import lock, pinned
 from imageforge.sources import mirror as mirror_mod
+from imageforge.sources.manifestlock import ManifestLock, open_manifest
 from imageforge.sources.sources import SourceCache
 
 DEFAULT_MANIFEST = Path("manifests/smddp.toml")

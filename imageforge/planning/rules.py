@@ -30,9 +30,9 @@ from typing import Any, Final
 
 from imageforge.docker import LABEL_PREFIX
 from imageforge.errors import CompatibilityError, ManifestError
+from imageforge.model import compat
+from imageforge.model.compat import Registry, Violation
 from imageforge.model.manifest import Manifest
-from imageforge.planning import compat
-from imageforge.planning.compat import Registry, Violation
 
 Pins = Mapping[str, Mapping[str, Any]]
 HINT: Final = ('To accept a violation on purpose, name its rule id with the reason under '

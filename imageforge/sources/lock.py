@@ -35,6 +35,7 @@ from imageforge.cmd import run
 from imageforge.errors import DockerError, FatalError, LockError, ManifestError
 from imageforge.model import extends, lockpin
 from imageforge.model.dag import closure
+from imageforge.model.inputs import defined_targets, stage_inputs
 from imageforge.model.manifest import Manifest, with_versions
 from imageforge.model.sourcetypes import GitSource, Source, UrlSource
 from imageforge.model.stage import Context, Stage
@@ -167,8 +168,6 @@ def _entries(node: Mapping[str, Any], at: EntryPath) -> list[tuple[EntryPath, En
 
 def defined_stages(manifest: Manifest, registry: Mapping[str, Stage]) -> list[str]:
     """Every stage the manifest's image targets need (what a lock must cover)."""
-    from imageforge.planning.plan import defined_targets
-
     names: list[str] = []
     for target in defined_targets(manifest, registry):
         names.extend(n for n in closure(target, registry) if n not in names)
@@ -381,8 +380,6 @@ def _settle_sources(walk: _Walk, manifest: Manifest, registry: Mapping[str, Stag
                     names: Sequence[str]) -> Manifest:
     """Every source's pin, for the stages whose sources are known (not those waiting on a
     lock pin yet)."""
-    from imageforge.planning.plan import stage_inputs
-
     stages = {stage: dict(values) for stage, values in manifest.stages.items()}
     for stage in names:
         if stage in walk.done or _waits(manifest, registry[stage]):

@@ -36,10 +36,10 @@ from requests.auth import AuthBase, HTTPBasicAuth
 from requests.utils import get_netrc_auth
 
 from imageforge.errors import ManifestError, SourceError
+from imageforge.model.inputs import stage_inputs
 from imageforge.model.manifest import Manifest
 from imageforge.model.sourcetypes import GitSource, Signature, Source, UrlSource
 from imageforge.model.stage import Context, Stage, filename_of
-from imageforge.planning.plan import stage_inputs
 from imageforge.sources import gitsource
 from imageforge.sources.download import download
 from imageforge.sources.lock import defined_stages

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from imageforge.model.inputs import stage_inputs
 from imageforge.model.manifest import Manifest
 from imageforge.model.sourcetypes import GitSource
 from imageforge.model.stage import Context, Stage
@@ -21,8 +22,6 @@ def verify_commits(manifest: Manifest, registry: Mapping[str, Stage],
     """Refuse (exit 8) a commit the manifest pins that its version's ref does not name.
     `manifest` is the file + overrides, before any lock fills in commits; `locate` maps a
     repository to where this machine fetches it (rewrite rules)."""
-    from imageforge.planning.plan import stage_inputs
-
     for name, table in manifest.stages.items():
         # "auto" has no ref of its own: the lock pins the commit PyTorch names.
         if not table.get("commit") or table.get("version") == "auto":

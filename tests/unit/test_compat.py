@@ -9,13 +9,13 @@ import pytest
 from packaging.version import Version
 
 from imageforge.errors import ManifestError
-from imageforge.model.manifest import Manifest, load
-from imageforge.planning.compat import (
+from imageforge.model.compat import (
     check,
     format_violations,
     notes,
     rule_ids,
 )
+from imageforge.model.manifest import Manifest, load
 from stages import STAGES
 from stages.efa_rules import known_efa
 from stages.ncclpin import SUBMODULE, NcclPin

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.model.compat import check, notes
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.stage import Stage
-from imageforge.planning.compat import check, notes
 from stages import STAGES
 from stages.efa_rules import known_efa
 from tests.rulesdata import changed

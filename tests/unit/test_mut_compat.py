@@ -1,5 +1,5 @@
 """How compatibility findings name where PyTorch's NCCL pin was read
-(imageforge/planning/compat.py), and what the rules beside the stages (stages/*_rules.py) read
+(imageforge/model/compat.py), and what the rules beside the stages (stages/*_rules.py) read
 of their data and report."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from imageforge.model import compat
 from imageforge.model.manifest import load
-from imageforge.planning import compat
 from stages import STAGES, aws_ofi_nccl_rules, base_rules, efa_rules, smddp_rules, torchvision_rules
 from stages.ncclpin import NcclPin
 from tests.rulesdata import changed, cited, data_file, nccl_pin_rule, pin_origin

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from imageforge.model import compat
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.stage import Stage
-from imageforge.planning import compat
 from stages import STAGES
 from tests.rulesdata import changed, cited
 from tests.unit.conftest import ROOT

@@ -12,9 +12,10 @@ import pytest
 
 from imageforge.errors import LockError, ManifestError
 from imageforge.model import extends
+from imageforge.model.inputs import defined_targets, stage_inputs
 from imageforge.model.manifest import load
 from imageforge.model.stage import Field, Stage, filename_of, git_fields, keyed_inputs, url_fields
-from imageforge.planning.plan import defined_targets, make_plan, stage_inputs, stage_key
+from imageforge.planning.plan import make_plan, stage_key
 from stages import STAGES
 from tests.unit.conftest import ROOT
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import CompatibilityError
+from imageforge.model import compat
 from imageforge.model.manifest import load
 from imageforge.model.stage import Context, chosen_deps
-from imageforge.planning import compat, rules
+from imageforge.planning import rules
 from imageforge.sources import piplock
 from stages import STAGES, pytorch_wheel
 

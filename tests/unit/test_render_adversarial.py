@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from imageforge.errors import FatalError
 from imageforge.model import validate
+from imageforge.model.inputs import defined_targets
 from imageforge.model.manifest import IMAGE_FIELDS, load
 from imageforge.model.stage import Field
-from imageforge.planning.plan import defined_targets, make_plan
+from imageforge.planning.plan import make_plan
 from imageforge.planning.project import dockerfile
 from stages import STAGES
 from tests.dockerfile_shape import ParseError, parse, shape, shell_shape

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from imageforge.errors import ManifestError
+from imageforge.model import compat
+from imageforge.model.compat import Note, Rule, Violation
 from imageforge.model.lockpin import LockPin, Upstream
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.stage import Field, Stage
-from imageforge.planning import compat
-from imageforge.planning.compat import Note, Rule, Violation
 from imageforge.sources import lock
 from stages import STAGES
 from tests.unit.conftest import ROOT
@@ -105,7 +105,7 @@ def test_each_lock_pin_of_a_stage_is_settled_when_the_one_before_it_is_not() -> 
 
 
 def test_a_same_as_field_is_filled_from_the_image_where_the_table_has_none() -> None:
-    from imageforge.planning.plan import stage_inputs
+    from imageforge.model.inputs import stage_inputs
 
     python = STAGES["python"]
     assert python.fields["version"].same_as == "python"

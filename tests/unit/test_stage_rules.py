@@ -1,5 +1,5 @@
 """Compatibility rules are hooks of the stages they constrain (`Stage.rules`): the engine's rule
-machinery (imageforge/planning/compat.py, imageforge/planning/rules.py) names no stage, the
+machinery (imageforge/model/compat.py, imageforge/planning/rules.py) names no stage, the
 rules run in registry order, and a team's stage module declares a rule that `invoke check`
 reports like imageforge's own (the example of docs/adding-a-stage.md)."""
 
@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import CompatibilityError
+from imageforge.model import compat
 from imageforge.model.manifest import load
-from imageforge.planning import compat, project
+from imageforge.planning import project
 from stages import STAGES, discover
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
-ENGINE = ("imageforge/planning/compat.py", "imageforge/planning/rules.py")
+ENGINE = ("imageforge/model/compat.py", "imageforge/planning/rules.py")
 NAMED = re.compile(r"(?<![\w-])stages\.(" + "|".join(map(re.escape, STAGES)) + r")(?![\w-])")
 
 
