@@ -57,8 +57,8 @@ from imageforge.model.stage import (
     git_fields,
     git_source,
 )
+from imageforge.planning import pipinstall
 from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
-from imageforge.sources import piplock
 from stages import pytorch_wheel
 
 PYTHON = "/opt/conda/bin/python"
@@ -173,7 +173,7 @@ def recipe(ctx: Context) -> str:
     if wanted:
         # --ignore-installed: the builder may already have them (build_packages), and what
         # only the builder has never reaches the image.
-        steps.extend(piplock.install("pytorch", inputs, wanted, f"{PREFIX}/bin/pip",
+        steps.extend(pipinstall.install("pytorch", inputs, wanted, f"{PREFIX}/bin/pip",
                                      f"--prefix={EXPORT_ROOT}{PREFIX}", "--ignore-installed"))
     return "\n".join(steps)
 

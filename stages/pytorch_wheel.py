@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.model.stage import EXPORT_ROOT, Check, Context
+from imageforge.planning import pipinstall
 from imageforge.planning.dockerfile import sh
 from imageforge.sources import piplock
 
@@ -71,7 +72,7 @@ def recipe(ctx: Context) -> str:
             sh("ln", "-sfn", lib, f"{site}/{WHEEL_NCCL}")]
     # --ignore-installed: the venv sees the base's system packages, and what the base has
     # must still be installed into /out, or the image would depend on the base's copy.
-    return "\n".join(piplock.install(
+    return "\n".join(pipinstall.install(
         "pytorch", ctx.of("pytorch"), requirements(ctx), f"{PREFIX}/bin/pip",
         f"--prefix={EXPORT_ROOT}{PREFIX}", "--ignore-installed", "--no-deps", then=then))
 

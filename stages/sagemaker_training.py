@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from imageforge.model.stage import EXPORT_ROOT, POLICY, Check, Context, Field, Stage
+from imageforge.planning import pipinstall
 from imageforge.planning.dockerfile import sh
-from imageforge.sources import piplock
 
 PREFIX = "/opt/conda"
 
@@ -46,7 +46,7 @@ def requirements(ctx: Context) -> list[str]:
 def recipe(ctx: Context) -> str:
     # --prefix installs into /out only what the Python stage does not already have, so the
     # image copies the toolkit onto it without a second copy of numpy & co.
-    return "\n".join(piplock.install(
+    return "\n".join(pipinstall.install(
         "sagemaker-training", ctx.of("sagemaker-training"), requirements(ctx),
         f"{PREFIX}/bin/pip", f"--prefix={EXPORT_ROOT}{PREFIX}",
         then=[sh("test", "-x", f"{EXPORT_ROOT}{PREFIX}/bin/train")]))

@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 from imageforge.image import smoke
 from imageforge.model.sourcetypes import Source, UrlSource
 from imageforge.model.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
+from imageforge.planning import pipinstall
 from imageforge.planning.dockerfile import apt_commands, apt_install, bind, run, sh
-from imageforge.sources import piplock
 from stages import sagemaker_training
 from stages.smddp_rules import RULES
 
@@ -133,7 +133,7 @@ def recipe(ctx: Context) -> str:
         steps.extend(openssh_steps(ctx))
     wanted = pip_requirements(ctx)
     if wanted:
-        steps.extend(piplock.install("smddp", inputs, wanted, PIP))
+        steps.extend(pipinstall.install("smddp", inputs, wanted, PIP))
     plugin = s3_plugin(ctx)
     if plugin:
         steps.append(run(sh(PIP, "install", "--no-cache-dir", "-U", f"/src/{plugin.filename}"),

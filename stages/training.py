@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from imageforge.image import smoke
 from imageforge.model.stage import Check, Context, Stage
+from imageforge.planning import pipinstall
 from imageforge.planning.dockerfile import run, sh
 from imageforge.sources import piplock
 from stages.nccl import remove_other_libnccl
@@ -30,7 +31,7 @@ def recipe(ctx: Context) -> str:
               for p in ctx.of(stage).get(piplock.INPUT) or ()]
     return "\n".join([
         remove_other_libnccl(ctx),
-        piplock.drop_stale_dist_info(PYTHON, site_packages(ctx), locked),
+        pipinstall.drop_stale_dist_info(PYTHON, site_packages(ctx), locked),
         run("mkdir -p /etc/pki/tls/certs",
             "ln -sf /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt"),
     ])

@@ -15,8 +15,7 @@ from imageforge.errors import CompatibilityError
 from imageforge.model import compat
 from imageforge.model.manifest import load
 from imageforge.model.stage import Context, chosen_deps
-from imageforge.planning import rules
-from imageforge.sources import piplock
+from imageforge.planning import pipinstall, rules
 from stages import STAGES, pytorch_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +131,7 @@ def test_stale_dist_info_of_locked_packages_goes_and_nothing_else(tmp_path: Path
         (tmp_path / f"{info}.dist-info").mkdir()
     locked = [{"name": "setuptools", "version": "84.2.1"}, {"name": "pip", "version": "26.3"},
               {"name": "typing-extensions", "version": "4.16.0"}]
-    line = piplock.drop_stale_dist_info(sys.executable, str(tmp_path), locked)
+    line = pipinstall.drop_stale_dist_info(sys.executable, str(tmp_path), locked)
     command, _, rest = line.removeprefix("RUN ").partition(" <<'EOF'\n")
     script = rest.removesuffix("EOF")
     result = subprocess.run(f"{command} <<'EOF'\n{script}EOF\n", shell=True, check=True,
