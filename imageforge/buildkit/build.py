@@ -49,6 +49,7 @@ from imageforge.image.buildreport import report_data, write_report
 from imageforge.image.labels import default_tag, image_metadata
 from imageforge.jsonfile import read_object
 from imageforge.model import extends
+from imageforge.model.imageref import registry_host
 from imageforge.planning import localtree, project
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
@@ -70,7 +71,7 @@ def build(settings: project.Settings, options: BuildOptions) -> BuildResult | No
     store = project.artifact_store(settings, images=image_store(options.builder))
     hosts = [remote_mod.check_repository(settings.remote).split("/", 1)[0]] \
         if settings.remote else []
-    push_host = remote_mod.registry_host(options.tag) if options.push and options.tag else None
+    push_host = registry_host(options.tag) if options.push and options.tag else None
     if push_host:
         hosts.append(push_host)
     with remote_mod.credentials(hosts) as env:

@@ -25,6 +25,7 @@ from imageforge.cache.layoutdiff import first_difference
 from imageforge.cmd import docker
 from imageforge.docker import LABEL_PREFIX, local_image
 from imageforge.errors import DockerError, LockError, UsageError
+from imageforge.model.imageref import registry_host
 from imageforge.planning import project
 
 
@@ -69,7 +70,7 @@ def _image(ref: str) -> tuple[str, dict[str, str]]:
     """The image's ID and labels, pulled first when this engine lacks it."""
     image_id, labels = local_image(ref)
     if image_id is None:
-        host = remote_mod.registry_host(ref)
+        host = registry_host(ref)
         with remote_mod.credentials(host or []) as env:
             pulled = docker("pull", "--quiet", ref, timeout=3600, env=env)
         if pulled.returncode != 0:

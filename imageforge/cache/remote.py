@@ -32,13 +32,6 @@ _UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "connection
                 "dial tcp", "server misbehaving", "eof", "503", "502", "500 internal")
 
 
-def registry_host(ref: str) -> str | None:
-    """The registry an image reference or repository names (its first path component when
-    that looks like a host: has a dot, a port, or is localhost), if it names one."""
-    first = ref.split("/", 1)[0]
-    return first if "/" in ref and ("." in first or ":" in first or first == "localhost") else None
-
-
 # Registry questions in flight at once: planning, cache.pull and ci.generate all ask this many.
 HOLDS_AT_ONCE = 4
 

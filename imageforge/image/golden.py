@@ -7,9 +7,9 @@ import string
 from datetime import UTC, datetime
 from pathlib import Path
 
-from imageforge.cache.remote import registry_host
 from imageforge.cmd import docker
 from imageforge.errors import DockerError, ImageCheckError, RegistryError, UsageError
+from imageforge.model.imageref import registry_host
 from imageforge.planning.plan import Plan
 
 # For an image whose stage module names no tag_template.

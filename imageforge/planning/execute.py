@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge.cache.remote import registry_host
+from imageforge.model.imageref import registry_host
 from imageforge.model.stage import Stage
 from imageforge.planning.plan import Plan, PlannedStage
 from imageforge.planning.render import render_dockerfile

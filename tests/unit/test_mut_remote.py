@@ -18,6 +18,7 @@ import pytest
 
 from imageforge.cache import remote, verified
 from imageforge.errors import CacheError, NotReproducibleError, UsageError
+from imageforge.model.imageref import registry_host
 
 KEY = "sha256:" + "ab" * 32
 
@@ -34,7 +35,7 @@ KEY = "sha256:" + "ab" * 32
 ])
 def test_registry_host_is_the_first_component_when_it_looks_like_a_host(
         ref: str, host: str | None) -> None:
-    assert remote.registry_host(ref) == host
+    assert registry_host(ref) == host
 
 
 @pytest.mark.parametrize("repository", [
