@@ -24,7 +24,7 @@ from typing import Any
 from bench import cpu
 from bench.baseline import SEED_000_ORDER, baseline_dockerfile
 from bench.rawjson import layer_steps, parse_stream
-from imageforge.planning import project
+from imageforge.app import project
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.sources import cabundle
 from stages import STAGES

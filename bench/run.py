@@ -50,10 +50,10 @@ from bench.report import (
     targets_table,
     update_tables,
 )
+from imageforge.app import project
 from imageforge.errors import FatalError
 from imageforge.model.dag import closure
 from imageforge.model.stage import filename_of
-from imageforge.planning import project
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.plan import Plan
 from imageforge.sources import cabundle

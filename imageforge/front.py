@@ -27,19 +27,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from imageforge import diskfull
+from imageforge.app import project
 from imageforge.errors import CacheError, FatalError, UsageError
 from imageforge.model import validate
+from imageforge.model.manifest import manifest_label
 from imageforge.model.stage import Stage
-from imageforge.planning import project
 from imageforge.planning.plan import Plan
 from imageforge.sources.mirror import parse_rewrites
 from imageforge.textsafe import escaped
 
 if TYPE_CHECKING:
+    from imageforge.app.nightly import NightlyOptions
     from imageforge.buildkit.progress import Mode
     from imageforge.buildkit.results import BuildResult
     from imageforge.image.cigen import Format
-    from imageforge.image.nightly import NightlyOptions
     from imageforge.model.matrix import Entry, Planned
     from imageforge.planning.rules import Verdict
 
@@ -414,7 +415,7 @@ def plan(config: Config, flags: Flags, target: str | None, graph: str | None) ->
         from imageforge.planning.graph import write_graph
 
         write_graph(planned, Path(graph))
-    return PlanView(plan=planned, manifest=project.manifest_label(s.manifest), verdict=verdict)
+    return PlanView(plan=planned, manifest=manifest_label(s.manifest), verdict=verdict)
 
 
 def render(config: Config, flags: Flags, target: str | None, fmt: str,
@@ -452,7 +453,7 @@ def fetch(config: Config, flags: Flags, target: str | None) -> list[str]:
 
 
 def explain(config: Config, flags: Flags, target: str | None) -> str:
-    from imageforge.cache.cachecmd import explain as explain_plan
+    from imageforge.app.cachecmd import explain as explain_plan
 
     s = settings(config, flags)
     return explain_plan(s, _target(s, target))
@@ -488,14 +489,14 @@ def goldens(files: Sequence[tuple[str, str, str]],
 # ---- the artifact cache ----------------------------------------------------------------------
 
 def cache_ls(config: Config, *, as_json: bool) -> str:
-    from imageforge.cache.cachecmd import list_entries
+    from imageforge.app.cachecmd import list_entries
 
     return list_entries(settings(config), as_json=as_json)
 
 
 def cache_prune(config: Config, *, max_size: str | None, older_than: str | None,
                 keep_last: str) -> str:
-    from imageforge.cache.cachecmd import prune
+    from imageforge.app.cachecmd import prune
 
     s = settings(config)
     return prune(s, max_size=max_size, older_than=older_than,
@@ -503,13 +504,13 @@ def cache_prune(config: Config, *, max_size: str | None, older_than: str | None,
 
 
 def cache_push(config: Config, flags: Flags, target: str | None) -> str:
-    from imageforge.cache.cachecmd import push
+    from imageforge.app.cachecmd import push
 
     return push(settings(config, flags), target)
 
 
 def cache_pull(config: Config, flags: Flags, target: str | None) -> str:
-    from imageforge.cache.cachecmd import pull
+    from imageforge.app.cachecmd import pull
 
     s = settings(config, flags)
     return pull(s, _target(s, target))
@@ -522,7 +523,7 @@ def verify(config: Config, flags: Flags, target: str | None, stages: Sequence[st
            progress: str = "auto", as_json: bool = False) -> Iterator[str]:
     """`invoke verify --rebuild`: the lines to print, then NotReproducibleError naming the
     first stage whose rebuild differs from its stored artifact (or from `image`)."""
-    from imageforge.buildkit import verify as verify_mod
+    from imageforge.app import verify as verify_mod
 
     if not rebuild:
         raise UsageError("verify needs --rebuild: it builds the stages again from scratch and "
@@ -533,7 +534,7 @@ def verify(config: Config, flags: Flags, target: str | None, stages: Sequence[st
     s = settings(config, flags)
     bundle = ca_bundle(config, None)
     if image:
-        from imageforge.buildkit.verifyimage import verify_image
+        from imageforge.app.verifyimage import verify_image
 
         verdicts = [verify_image(s, image, builder=builder, progress=progress_mode(progress),
                                  ca_bundle=bundle)]
@@ -584,10 +585,10 @@ def image_tag(flag: str, value: str) -> None:
 def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     """Build a target, then (an image, --test) run its checks: the lines to print, each when
     it is known. A failed check raises ImageCheckError after the image is tagged."""
-    from imageforge.buildkit import build as build_mod
-    from imageforge.buildkit import export
+    from imageforge.app import build as build_mod
+    from imageforge.app import export
+    from imageforge.buildkit.buildreport import markdown_summary, summary
     from imageforge.buildkit.results import BuildOptions
-    from imageforge.image.buildreport import markdown_summary, summary
 
     progress = progress_mode(request.progress)
     code_flags(flags.code, flags.program)
@@ -636,8 +637,8 @@ def _remember(s: project.Settings, result: BuildResult) -> None:
     import sys
 
     from imageforge import log, uptodate
+    from imageforge.buildkit.buildreport import summary
     from imageforge.buildkit.results import as_noop
-    from imageforge.image.buildreport import summary
 
     facts = result.uptodate
     if facts is None or log.warned:
@@ -671,7 +672,7 @@ class CheckRequest:
 def test_image(config: Config, flags: Flags, request: CheckRequest) -> Iterator[str]:
     """Run an image target's checks in a built image; the lines to print. ImageCheckError
     (exit 10) names every failed check."""
-    from imageforge.image.labels import default_tag
+    from imageforge.planning.labels import default_tag
 
     s = settings(config, flags)
     if request.target is not None and not project.is_image(s, request.target):
@@ -725,7 +726,7 @@ class NightlyRequest:
 def nightly_options(config: Config, request: NightlyRequest) -> NightlyOptions:
     """The repository and webhook: a flag, else imageforge.repository / imageforge.webhook,
     else (the webhook) $IMAGEFORGE_WEBHOOK_URL."""
-    from imageforge.image.nightly import NightlyOptions
+    from imageforge.app.nightly import NightlyOptions
 
     repository = pick(request.repository, config, "repository")
     if repository:
@@ -751,7 +752,7 @@ def count(flag: str, value: str) -> int:
 
 def nightly(config: Config, flags: Flags, request: NightlyRequest) -> Iterator[str]:
     """One nightly (or a matrix file's, `request.matrix`); the lines to print."""
-    from imageforge.image.nightly import markdown, run
+    from imageforge.app.nightly import markdown, run
 
     summary_file = config.environ.get("GITHUB_STEP_SUMMARY")
     options = nightly_options(config, request)
@@ -771,7 +772,7 @@ def nightly(config: Config, flags: Flags, request: NightlyRequest) -> Iterator[s
 
 def _matrix_nightly(config: Config, file: str, options: NightlyOptions,
                     remote: str | None) -> Iterator[str]:
-    from imageforge.image.nightly import MatrixImage, matrix_markdown, run_matrix
+    from imageforge.app.nightly import MatrixImage, matrix_markdown, run_matrix
     from imageforge.model import matrix as matrix_mod
 
     images = [MatrixImage(settings=_entry_settings(config, e, remote=remote),
@@ -867,9 +868,9 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
                  report: str | None) -> Iterator[str]:
     """Build every image of a matrix (a key several share is built once), each followed by
     its checks; the matrix report goes to the cache's reports/ and to `report`."""
-    from imageforge.buildkit import build as build_mod
+    from imageforge.app import build as build_mod
+    from imageforge.buildkit.buildreport import summary
     from imageforge.buildkit.results import BuildOptions
-    from imageforge.image.buildreport import summary
     from imageforge.model import matrix as matrix_mod
 
     path = _matrix_file(file, "matrix.build")
@@ -940,7 +941,7 @@ def ci_generate(config: Config, flags: Flags, *, fmt: str, file: str | None,
     for entry in entries:
         s = _entry_settings(config, entry)
         planned = project.plan(s, _target(s, entry.target), resolve=True)
-        images.append(cigen.Image(manifest=project.manifest_label(entry.manifest),
+        images.append(cigen.Image(manifest=manifest_label(entry.manifest),
                                   overrides=entry.overrides, tag=entry.tag, plan=planned))
     # Under cache_trust = "verified" a key whose remote artifact no rebuild verified gets a
     # job, as the build that needs it would not use that artifact either.
@@ -950,7 +951,7 @@ def ci_generate(config: Config, flags: Flags, *, fmt: str, file: str | None,
         found = cigen.pipeline(images, repository, cigen.registry_holds(registry))
     text = (json.dumps(cigen.as_json(found), indent=2) + "\n" if as_json else
             cigen.render(found, chosen,
-                         source=file or project.manifest_label(entries[0].manifest)))
+                         source=file or manifest_label(entries[0].manifest)))
     if out:
         write_output("--out", out, text)
         return Output(out=f"{out}: {cigen.summary(found)}\n")

@@ -18,7 +18,9 @@ KEYWORDS = frozenset({"ADD", "ARG", "CMD", "COPY", "ENTRYPOINT", "ENV", "EXPOSE"
                       "HEALTHCHECK", "LABEL", "MAINTAINER", "ONBUILD", "RUN", "SHELL",
                       "STOPSIGNAL", "USER", "VOLUME", "WORKDIR"})
 HEREDOC_KEYWORDS = frozenset({"ADD", "COPY", "RUN"})
-HEREDOC = re.compile(r"(?<!<)<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+# A heredoc is a whole shell word, its quotes kept (BuildKit's heredocsFromLine lexes the line
+# with raw quotes, then matches each word): '0<<A' is a quoted word, not a heredoc.
+HEREDOC = re.compile(r"\d*<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 OPERATORS = ("&&", "||", ";;", ">>", "<<", "<&", ">&", "<>", ">|", "&", "|", ";", "(", ")",
              "<", ">")
 
@@ -57,7 +59,8 @@ def parse(dockerfile: str) -> list[Instruction]:
             raise ParseError(f"not an instruction: {joined!r}")
         bodies = []
         if keyword.upper() in HEREDOC_KEYWORDS:
-            for dash, _, name in HEREDOC.findall(text):
+            for dash, _, name in (m.groups() for m in map(HEREDOC.fullmatch, raw_words(text))
+                                  if m):
                 body = []
                 while i < len(lines) and (lines[i].lstrip("\t") if dash else lines[i]) != name:
                     body.append(lines[i])
@@ -68,6 +71,23 @@ def parse(dockerfile: str) -> list[Instruction]:
                 bodies.append("\n".join(body))
         out.append(Instruction(keyword.upper(), text, tuple(bodies)))
     return out
+
+
+def raw_words(text: str) -> list[str]:
+    """`text` split at blanks outside quotes, each word with its quotes kept."""
+    words, word, quote = [], "", ""
+    for c in text:
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in " \t":
+            if word:
+                words.append(word)
+            word = ""
+            continue
+        word += c
+    return [*words, word] if word else words
 
 
 def shell_shape(script: str) -> tuple[str, ...]:

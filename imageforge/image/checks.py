@@ -23,8 +23,8 @@ from typing import Literal
 from imageforge.cmd import docker, docker_binary, run
 from imageforge.docker import ensure_ready, image_digest
 from imageforge.errors import DockerError, ImageCheckError
+from imageforge.model.manifest import manifest_label
 from imageforge.model.stage import Check, Context, Needs, Stage
-from imageforge.planning import project
 from imageforge.planning.plan import Plan
 
 Result = Literal["ok", "fail", "skipped"]
@@ -230,7 +230,7 @@ def run_image_tests(planned: Plan, image: str, *, hardware: bool = False) -> Che
     clock = time.monotonic()
     results = run_checks(image, image_checks(planned), hardware=hardware)
     return CheckRun(image=image, digest=digest, target=planned.target,
-                    manifest=project.manifest_label(planned.manifest.path), hardware=hardware,
+                    manifest=manifest_label(planned.manifest.path), hardware=hardware,
                     started=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
                     seconds=round(time.monotonic() - clock, 2), results=tuple(results))
 

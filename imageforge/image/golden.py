@@ -9,6 +9,7 @@ from pathlib import Path
 
 from imageforge.cmd import docker
 from imageforge.errors import DockerError, ImageCheckError, RegistryError, UsageError
+from imageforge.image.checkreport import passed_record
 from imageforge.model.imageref import registry_host
 from imageforge.planning.plan import Plan
 
@@ -62,8 +63,6 @@ def split_digest_ref(ref: str) -> tuple[str, str]:
 
 def require_tested(cache_dir: Path, digest: str) -> None:
     """Promotion needs a passing `invoke test-image` run of exactly this digest."""
-    from imageforge.image.checkreport import passed_record
-
     if passed_record(cache_dir, digest) is None:
         raise ImageCheckError(f"{digest} has no passing `invoke test-image` record; run "
                               "test-image on that digest (and fix what fails) before "

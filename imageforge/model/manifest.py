@@ -464,3 +464,11 @@ def _check_same_as(image: Mapping[str, Any], stages: dict[str, Mapping[str, Any]
                                     f"from image.{field.same_as} {shown(image[field.same_as])}; "
                                     "make them equal.")
             stages[name] = {**stages[name], key: value}
+
+
+def manifest_label(path: Path) -> str:
+    """The manifest path as written in reports: relative to the project when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.planning import project
+from imageforge.app import project
 from stages import STAGES
 from tests.integration.conftest import ROOT, docker_out, invoke
 

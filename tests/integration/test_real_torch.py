@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app import project
 from imageforge.model.stage import Check
-from imageforge.planning import project
 from imageforge.planning.plan import Plan
 from stages import STAGES
 from tests.integration.conftest import ROOT, docker_out, invoke, untagging

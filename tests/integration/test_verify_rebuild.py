@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from imageforge.buildkit.verify import save_image
+from imageforge.app.verify import save_image
 from imageforge.errors import DockerError
 from tests.integration.conftest import SecondDockerd, invoke
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from imageforge.planning import project
+from imageforge.app import project
 from imageforge.planning.plan import Plan
 from sample.generate import generate
 from sample.serve import ServerHandle, start_server

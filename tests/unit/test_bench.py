@@ -41,8 +41,8 @@ from bench.synthetic import (
     synthetic_manifest,
     synthetic_registry,
 )
+from imageforge.app import project
 from imageforge.model.dag import closure
-from imageforge.planning import project
 from imageforge.planning.plan import Plan
 from stages import STAGES
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from imageforge.buildkit.buildreport import markdown_summary, summary
 from imageforge.buildkit.progress import BuildProgress, read_statuses
 from imageforge.buildkit.results import BuildResult, StageResult
-from imageforge.image.buildreport import markdown_summary, summary
 from imageforge.planning.execute import FINAL, bake_file, make_run, waves
 from imageforge.planning.plan import Plan
 

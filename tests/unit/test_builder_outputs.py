@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app import project
 from imageforge.model.stage import Context
-from imageforge.planning import project
 from stages import STAGES, pytorch, torchvision
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imageforge.buildkit.build import build
+from imageforge.app import project
+from imageforge.app.build import build
 from imageforge.buildkit.results import BuildOptions
 from imageforge.errors import LockError
 from imageforge.image import cigen
-from imageforge.planning import project
 from imageforge.planning.execute import is_external
 from imageforge.planning.plan import Plan
 from stages import STAGES

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app import project
+from imageforge.app.project import DEFAULT_MANIFEST
 from imageforge.model.manifest import load
 from imageforge.model.reference import page
 from imageforge.model.sourcetypes import GitSource
-from imageforge.planning import project
 from imageforge.planning.plan import Plan, make_plan
-from imageforge.planning.project import DEFAULT_MANIFEST
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app.project import prepare
 from imageforge.errors import ManifestError
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.stage import Context, keyed_inputs
-from imageforge.planning.project import prepare
 from sample.generate import BUNDLING_EFA_RELEASES, EfaRelease, efa_artifact
 from stages import STAGES, aws_ofi_nccl_efa
 

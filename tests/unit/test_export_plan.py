@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.buildkit import export
+from imageforge.app import export, project
 from imageforge.errors import UsageError
-from imageforge.planning import project
 from stages import STAGES
 
 # Manifests name their files relative to the repository root.

@@ -16,8 +16,8 @@ from invoke.context import Context
 
 import tasks
 from imageforge import front
+from imageforge.app import project
 from imageforge.errors import ManifestError, UsageError
-from imageforge.planning import project
 from imageforge.sources.mirror import Rewrite
 from stages import STAGES
 

@@ -11,10 +11,10 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
+from imageforge.app import project
+from imageforge.app.nightly import Nightly, Step, junit, markdown, notify
 from imageforge.errors import FatalError, ImageCheckError
 from imageforge.image import golden
-from imageforge.image.nightly import Nightly, Step, junit, markdown, notify
-from imageforge.planning import project
 from imageforge.planning.plan import Plan
 from stages import STAGES
 

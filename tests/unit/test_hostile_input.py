@@ -9,10 +9,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from imageforge.app.project import dockerfile
 from imageforge.errors import FatalError, ManifestError
 from imageforge.model.manifest import IMAGE_FIELDS, WAIVER_FIELD, Manifest, load
 from imageforge.planning.plan import make_plan
-from imageforge.planning.project import dockerfile
 from stages import STAGES
 from tests.dockerfile_shape import ParseError, parse
 

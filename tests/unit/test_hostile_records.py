@@ -26,12 +26,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from imageforge import uptodate
+from imageforge.app import project
 from imageforge.cache import verified
 from imageforge.cache.artifacts import ArtifactStore, key_hex
 from imageforge.errors import FatalError
 from imageforge.front import CONFIG_DEFAULTS
 from imageforge.image import checkreport
-from imageforge.planning import project
 from stages import STAGES
 from tests.dockerfile_shape import parse
 

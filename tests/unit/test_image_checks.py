@@ -18,12 +18,12 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 import tasks
+from imageforge.app import project
 from imageforge.buildkit.results import BuildResult
 from imageforge.errors import ImageCheckError
 from imageforge.image import checkreport, checks, smoke
 from imageforge.image.checks import CheckResult, CheckRun, PlannedCheck
 from imageforge.model.stage import Check, Needs
-from imageforge.planning import project
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -300,7 +300,7 @@ def test_require_passed_names_each_failed_check_and_its_last_line() -> None:
 
 def built(monkeypatch: pytest.MonkeyPatch, run: CheckRun) -> list[str]:
     """Stubs the build and the image checks; returns the images checked."""
-    import imageforge.buildkit.build
+    import imageforge.app.build
 
     checked: list[str] = []
 
@@ -313,7 +313,7 @@ def built(monkeypatch: pytest.MonkeyPatch, run: CheckRun) -> list[str]:
         checked.append(image)
         return run
 
-    monkeypatch.setattr(imageforge.buildkit.build, "build", fake_build)
+    monkeypatch.setattr(imageforge.app.build, "build", fake_build)
     monkeypatch.setattr(checks, "run_image_tests", fake_tests)
     return checked
 

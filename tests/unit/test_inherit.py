@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import ManifestError
 from imageforge.model.manifest import load, show
-from imageforge.planning import project
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from imageforge.app import project
 from imageforge.model.dag import closure
 from imageforge.model.manifest import IMAGE_FIELDS, load
 from imageforge.model.stage import Field
-from imageforge.planning import project
 from imageforge.planning.plan import make_plan
 from stages import STAGES
 
@@ -145,7 +145,7 @@ def test_keys_are_identical_from_another_directory_and_process(tmp_path: Path) -
     copy.parent.mkdir()
     shutil.copy(SMDDP, copy)
     script = (
-        "import json, sys; from pathlib import Path; from imageforge.planning import project; "
+        "import json, sys; from pathlib import Path; from imageforge.app import project; "
         "from stages import STAGES; "
         "p = project.plan(project.Settings(registry=STAGES, manifest=Path(sys.argv[1])), "
         "'smddp'); "

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import LockError, SourceError
-from imageforge.planning import project
 from sample.serve import ServerHandle
 from stages import STAGES
 from tests.unit.conftest import ROOT, sample_manifest

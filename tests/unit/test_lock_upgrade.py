@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import CompatibilityError, ManifestError, SourceError
 from imageforge.model.manifest import load
-from imageforge.planning import project
 from imageforge.sources import upstream
 from imageforge.sources.upstream import Endpoints, newest, parse_version
 from sample.serve import ServerHandle

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import LockError, UsageError
-from imageforge.planning import project
 from imageforge.sources import lock
 from stages import STAGES
 from tests.unit.conftest import ROOT

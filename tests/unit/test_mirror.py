@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import ManifestError, SourceError
-from imageforge.planning import project
 from imageforge.sources.mirror import Locations, Rewrite, parse_rewrites
 from sample.serve import ServerHandle
 from stages import STAGES

@@ -1,4 +1,4 @@
-"""cache.ls / cache.prune by hand (imageforge/cache/cachecmd.py), in process: the sizes and ages the
+"""cache.ls / cache.prune by hand (imageforge/app/cachecmd.py), in process: the sizes and ages the
 flags accept, how sizes and ages are shown, and what prune removes and reports, on a real
 artifact store holding real OCI layouts (only their bytes are made up)."""
 
@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.cache import cachecmd
+from imageforge.app import cachecmd, project
 from imageforge.cache.artifacts import ArtifactStore, Entry
 from imageforge.errors import UsageError
-from imageforge.planning import project
 from stages import STAGES
 from tests.oci_layout import key_of, oci_layout
 

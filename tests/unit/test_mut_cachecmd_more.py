@@ -1,4 +1,4 @@
-"""cache.push / cache.pull / explain with a remote cache (imageforge/cache/cachecmd.py), in process,
+"""cache.push / cache.pull / explain with a remote cache (imageforge/app/cachecmd.py), in process,
 against a stand-in `docker` on PATH that is a registry kept in a directory: `buildx imagetools
 inspect` answers from it as a real one does (found, "not found", or "connection refused" while
 the registry is down), `buildx bake` copies the OCI layouts an artifact bake pushes into it and
@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.cache import cachecmd
+from imageforge.app import cachecmd, project
 from imageforge.cache import remote as remote_mod
 from imageforge.errors import CacheError
-from imageforge.planning import project
 from stages import STAGES as STAGE_REGISTRY
 from tests.oci_layout import oci_layout
 

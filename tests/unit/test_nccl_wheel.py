@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app.project import prepare
 from imageforge.errors import LockError, ManifestError
 from imageforge.model.lockpin import Upstream
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.sourcetypes import UrlSource
 from imageforge.model.stage import Context, keyed_inputs
-from imageforge.planning.project import prepare
 from stages import STAGES, nccl_pytorch_pin, pytorch_wheel
 from tests.unit.test_wheelmeta import Index, build_wheel, serve
 

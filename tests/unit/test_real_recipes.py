@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.planning import project
+from imageforge.app import project
 from imageforge.planning.dockerfile import APT_CLEAN
 from stages import STAGES
 from stages.nccl import gencode, reproducible_nvcc

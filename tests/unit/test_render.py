@@ -14,7 +14,7 @@ import pytest
 from invoke.context import MockContext
 
 import tasks
-from imageforge.planning import project
+from imageforge.app import project
 from stages import STAGES
 from tasks import GOLDEN_DOCKERFILES
 

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from imageforge.app.project import dockerfile
 from imageforge.errors import FatalError
 from imageforge.model import validate
 from imageforge.model.inputs import defined_targets
 from imageforge.model.manifest import IMAGE_FIELDS, load
 from imageforge.model.stage import Field
 from imageforge.planning.plan import make_plan
-from imageforge.planning.project import dockerfile
 from stages import STAGES
 from tests.dockerfile_shape import ParseError, parse, shape, shell_shape
 
@@ -194,3 +194,12 @@ def test_the_shape_tells_a_quoted_value_from_an_injected_one(safe: str, hostile:
         different = True
     assert different
     assert shell_shape("echo 'a;b' \"c d\"") == shell_shape("echo 'axb' \"cxd\"")
+
+
+def test_a_quoted_heredoc_marker_is_a_word_and_a_real_one_a_heredoc() -> None:
+    # BuildKit matches heredocs per shell word, quotes kept: an apt package '0<<A' (once drawn
+    # by the generated values) opens none, and the parse must not wait for an `A` line.
+    quoted = parse("RUN apt-get install -y 0 '0<<A'\nRUN true\n")
+    assert [(i.keyword, i.heredocs) for i in quoted] == [("RUN", ()), ("RUN", ())]
+    real = parse("RUN python - <<'EOF'\nprint(1)\nEOF\nCOPY <<-EOT /x\n\tA\n\tEOT\n")
+    assert [(i.keyword, i.heredocs) for i in real] == [("RUN", ("print(1)",)), ("COPY", ("\tA",))]

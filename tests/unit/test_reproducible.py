@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from imageforge import front
-from imageforge.buildkit.verify import Verdict, least_recently_verified, lines
+from imageforge.app import project
+from imageforge.app.verify import Verdict, least_recently_verified, lines
 from imageforge.cache import verified
 from imageforge.cache.layoutdiff import first_difference, top_digest
 from imageforge.errors import UsageError
-from imageforge.planning import project
 from imageforge.planning.execute import (
     SOURCE_DATE_EPOCH,
     bake_file,

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import CompatibilityError, LockError, ManifestError
-from imageforge.image.labels import labels
 from imageforge.model.manifest import Manifest, load
-from imageforge.planning import project, rules
+from imageforge.planning import rules
+from imageforge.planning.labels import labels
 from sample.serve import ServerHandle
 from stages import STAGES
 from stages.ncclpin import SUBMODULE, NcclPin

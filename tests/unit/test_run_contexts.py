@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.planning import project
+from imageforge.app import project
 from imageforge.planning.execute import is_external, make_run, reused
 from imageforge.planning.plan import Plan
 from stages import STAGES

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import ManifestError, SourceError
 from imageforge.model.sourcetypes import Signature, UrlSource
-from imageforge.planning import project
 from imageforge.sources.sources import SourceCache
 from sample.serve import ServerHandle
 from stages import STAGES

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.app import project
 from imageforge.errors import CompatibilityError
 from imageforge.model import compat
 from imageforge.model.manifest import load
-from imageforge.planning import project
 from stages import STAGES, discover
 
 ROOT = Path(__file__).resolve().parents[2]

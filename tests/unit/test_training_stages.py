@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from imageforge import front
+from imageforge.app import project
 from imageforge.errors import ManifestError, UsageError
 from imageforge.front import code_overrides
 from imageforge.model import extends
 from imageforge.model.manifest import load
-from imageforge.planning import localtree, project
+from imageforge.planning import localtree
 from imageforge.planning.execute import Run, bake_file
 from imageforge.planning.plan import Plan, make_plan
 from imageforge.sources import cabundle, lock

@@ -25,7 +25,8 @@ from imageforge.model.inputs import defined_targets
 from imageforge.model.manifest import Manifest, refuse_moved_pins
 from imageforge.model.stage import Stage
 from imageforge.planning import rules
-from imageforge.planning.execute import is_external
+from imageforge.planning.execute import is_external, standalone_bake
+from imageforge.planning.labels import default_tag, labels
 from imageforge.planning.plan import Plan, Status, make_plan
 from imageforge.planning.render import render_dockerfile
 from imageforge.sources import lock, pinned
@@ -331,21 +332,10 @@ def dockerfile(planned: Plan) -> str:
 
 def bake(settings: Settings, planned: Plan) -> dict[str, Any]:
     """The docker-bake.json equivalent of building `planned` (render --format bake)."""
-    from imageforge.image.labels import default_tag, labels
-    from imageforge.planning.execute import standalone_bake
-
     cache = source_cache(settings)
     sources = {src.name: str(cache.path_for(src)) for src in planned.sources()}
     return standalone_bake(planned, sources=sources, tag=default_tag(planned),
                            labels=labels(planned))
-
-
-def manifest_label(path: Path) -> str:
-    """The manifest path as written in reports: relative to the project when inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def targets(settings: Settings) -> Sequence[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.buildkit.results import BuildResult
-from imageforge.planning import project
+from imageforge.model.manifest import manifest_label
 from imageforge.planning.plan import Plan
 from imageforge.uptodate import save_report
 
@@ -20,7 +20,7 @@ def write_report(cache_dir: Path, planned: Plan, result: BuildResult) -> Path:
 def report_data(planned: Plan, result: BuildResult) -> dict[str, Any]:
     return {
         "target": result.target,
-        "manifest": project.manifest_label(planned.manifest.path),
+        "manifest": manifest_label(planned.manifest.path),
         "manifest_digest": planned.manifest.digest(),
         "tag": result.tag,
         "image_digest": result.image_digest,

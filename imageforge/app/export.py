@@ -16,10 +16,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from imageforge.app import project
 from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary, popen
 from imageforge.errors import BuildError, CacheError, UsageError
-from imageforge.planning import project
 from imageforge.planning.plan import Plan, PlannedStage
 from imageforge.planning.render import copy_text
 

@@ -23,19 +23,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from imageforge.app import project
+from imageforge.app.build import builder_args, image_store
 from imageforge.buildkit import bake, cachemounts
-from imageforge.buildkit.build import builder_args, image_store
 from imageforge.buildkit.progress import BuildProgress, Mode
+from imageforge.buildkit.transfer import fetch_layout
 from imageforge.cache import remote as remote_mod
 from imageforge.cache import verified
 from imageforge.cache.artifacts import ArtifactStore, Entry
 from imageforge.cache.layoutdiff import REPACKED, first_difference, top_digest
 from imageforge.cache.remote import Remote
-from imageforge.cache.transfer import fetch_layout
 from imageforge.cmd import docker, docker_binary
 from imageforge.docker import ensure_ready
 from imageforge.errors import CacheError, DockerError, NotReproducibleError, UsageError
-from imageforge.planning import localtree, project
+from imageforge.planning import localtree
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
     bake_file,

@@ -16,17 +16,17 @@ import shutil
 import uuid
 from pathlib import Path
 
-from imageforge.buildkit.build import build
+from imageforge.app import project
+from imageforge.app.build import build
+from imageforge.app.verify import IMAGE_STORE_NOTE, Verdict, save_image
 from imageforge.buildkit.progress import Mode
 from imageforge.buildkit.results import BuildOptions
-from imageforge.buildkit.verify import IMAGE_STORE_NOTE, Verdict, save_image
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.layoutdiff import first_difference
 from imageforge.cmd import docker
 from imageforge.docker import LABEL_PREFIX, local_image
 from imageforge.errors import DockerError, LockError, UsageError
 from imageforge.model.imageref import registry_host
-from imageforge.planning import project
 
 
 def verify_image(settings: project.Settings, ref: str, *, builder: str | None = None,

@@ -7,12 +7,12 @@ import re
 import time
 from typing import Any
 
+from imageforge.app import project
+from imageforge.buildkit.transfer import pull_entries, push_entries
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.remote import RemoteUnavailable
-from imageforge.cache.transfer import pull_entries, push_entries
 from imageforge.errors import CacheError, UsageError
 from imageforge.jsonfile import read_object
-from imageforge.planning import project
 from imageforge.planning.execute import to_build
 from imageforge.textsafe import escaped
 

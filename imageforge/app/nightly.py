@@ -23,15 +23,18 @@ import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from imageforge import jsonfile, log
-from imageforge.buildkit import verify
-from imageforge.buildkit.build import build
+from imageforge.app import project, verify
+from imageforge.app.build import build
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cache import remote as remote_mod
 from imageforge.cmd import docker
+from imageforge.docker import image_digest, image_labels
 from imageforge.errors import FatalError, RegistryError, UsageError
 from imageforge.image import golden
+from imageforge.image.checkreport import publish, summary
+from imageforge.image.checks import require_passed, run_image_tests
 from imageforge.jsonfile import read_object
-from imageforge.planning import project
+from imageforge.model.manifest import manifest_label
 from imageforge.sources import cabundle
 from imageforge.textsafe import redact
 
@@ -91,7 +94,7 @@ class Nightly:
 
 def run(settings: project.Settings, options: NightlyOptions) -> Nightly:
     target = options.target or project.default_target(settings)
-    report = Nightly(manifest=project.manifest_label(settings.manifest), target=target,
+    report = Nightly(manifest=manifest_label(settings.manifest), target=target,
                      started=_now())
     try:
         with report.step("lock --upgrade") as step:
@@ -208,14 +211,14 @@ def run_matrix(file: str, images: list[MatrixImage], options: NightlyOptions) ->
     try:
         for manifest in dict.fromkeys(image.settings.manifest for image in images):
             base = dataclasses.replace(images[0].settings, manifest=manifest, overrides=())
-            _, report.lock_changes[project.manifest_label(manifest)] = project.write_lock(
+            _, report.lock_changes[manifest_label(manifest)] = project.write_lock(
                 base, upgrade=True)
         for image in images:
             settings = dataclasses.replace(image.settings,
                                            locked=not image.settings.overrides)
             one = Nightly(manifest=image.label, target=image.target
                           or project.default_target(settings), started=_now())
-            one.lock_changes = report.lock_changes[project.manifest_label(
+            one.lock_changes = report.lock_changes[manifest_label(
                 image.settings.manifest)]
             report.images.append(one)
             try:
@@ -259,9 +262,6 @@ def _distinct_channels(images: list[MatrixImage]) -> None:
 
 
 def _test(settings: project.Settings, image: str) -> str:
-    from imageforge.image.checkreport import publish, summary
-    from imageforge.image.checks import require_passed, run_image_tests
-
     checks = run_image_tests(project.plan(settings, image_target(settings, image)), image)
     publish(settings.cache_dir, checks)
     require_passed(checks)
@@ -271,14 +271,10 @@ def _test(settings: project.Settings, image: str) -> str:
 def image_target(settings: project.Settings, image: str) -> str:
     """The target `image` was built for: its label (every image imageforge builds has it),
     else the image the manifest defines."""
-    from imageforge.docker import image_labels
-
     return image_labels(image).get("io.imageforge.target") or project.default_target(settings)
 
 
 def _local_digest(ref: str) -> str:
-    from imageforge.docker import image_digest
-
     return image_digest(ref)
 
 

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from imageforge import jsonfile, log
-from imageforge.buildkit import bake, cachemounts, dryrun
+from imageforge.app import dryrun, project
+from imageforge.app.export import exported_stages
+from imageforge.buildkit import bake, cachemounts
 from imageforge.buildkit.bake import absolute_if_local
-from imageforge.buildkit.export import exported_stages
+from imageforge.buildkit.buildreport import report_data, write_report
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import (
     BuildOptions,
@@ -33,24 +35,22 @@ from imageforge.buildkit.results import (
     as_noop,
 )
 from imageforge.buildkit.sbom import ensure_sbom_generator
+from imageforge.buildkit.transfer import push_entries
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cache.imagestore import ImageStore
 from imageforge.cache.keylock import locked_all
 from imageforge.cache.remote import Remote
-from imageforge.cache.transfer import push_entries
 from imageforge.cmd import docker, docker_binary
 from imageforge.docker import ensure_ready, local_image
 from imageforge.errors import (
     CacheError,
     LockError,
 )
-from imageforge.image.buildreport import report_data, write_report
-from imageforge.image.labels import default_tag, image_metadata
 from imageforge.jsonfile import read_object
 from imageforge.model import extends
 from imageforge.model.imageref import registry_host
-from imageforge.planning import localtree, project
+from imageforge.planning import localtree
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
     LayerCache,
@@ -63,6 +63,7 @@ from imageforge.planning.execute import (
     waves,
     whole_images,
 )
+from imageforge.planning.labels import default_tag, image_metadata
 from imageforge.planning.plan import Plan
 
 
@@ -145,7 +146,7 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
     lock digests, waivers, the imageforge revision). BuildKit is not called at all; None
     when the image is missing or differs in any label (it is then made again, from the
     cached stages), or the target's own entry is corrupt (it is rebuilt)."""
-    wanted = image_metadata(settings, planned)
+    wanted = image_metadata(planned, project.current_lock(settings))
     image_id, present = local_image(tag)
     if image_id is None or present is None:
         return None
@@ -298,7 +299,7 @@ def _bake_wave(settings: project.Settings, options: BuildOptions, store: Artifac
     artifact_dirs = {name: workdir / "out" / name for name in building if name not in images}
     (workdir / "context").mkdir(parents=True)
     (workdir / "Dockerfile").write_text(dockerfile)
-    image_labels = image_metadata(settings, planned, options.revision)
+    image_labels = image_metadata(planned, project.current_lock(settings), options.revision)
     generator = ensure_sbom_generator() if options.push and tag is not None else None
     layers = LayerCache(location=absolute_if_local(settings.layer_cache),
                         modes={n: planned.registry[n].layer_cache for n in building}) \

@@ -8,11 +8,10 @@ from pathlib import Path
 
 from imageforge.cmd import run
 from imageforge.docker import LABEL_PREFIX
-from imageforge.errors import (
-    FatalError,
-)
-from imageforge.planning import project, rules
+from imageforge.errors import FatalError
+from imageforge.planning import rules
 from imageforge.planning.plan import Plan
+from imageforge.sources.lock import Lock
 
 
 def default_tag(planned: Plan) -> str:
@@ -30,14 +29,14 @@ def project_revision() -> str:
     return head.stdout.strip() if head.returncode == 0 else "unknown"
 
 
-def image_metadata(settings: project.Settings, planned: Plan, revision: str | None = None
-                   ) -> dict[str, str]:
-    """The labels of the final image; its creation date is the lock's (the config's own
-    is buildkit's fixed SOURCE_DATE_EPOCH, planning/execute.py)."""
+def image_metadata(planned: Plan, current: tuple[Lock, str] | None,
+                   revision: str | None = None) -> dict[str, str]:
+    """The labels of the final image, given the current lock and its file's sha256 (None when
+    the lock is not current); its creation date is the lock's (the config's own is
+    buildkit's fixed SOURCE_DATE_EPOCH, planning/execute.py)."""
     values = labels(planned)
     values[f"{LABEL_PREFIX}.revision"] = revision or project_revision()
     values["org.opencontainers.image.revision"] = values[f"{LABEL_PREFIX}.revision"]
-    current = project.current_lock(settings)
     epoch = None
     if current is not None:
         found, digest = current

@@ -6,16 +6,16 @@ import json
 import shlex
 from pathlib import Path
 
+from imageforge.app import project
 from imageforge.buildkit.bake import absolute_if_local
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cmd import docker_binary
 from imageforge.errors import (
     LockError,
 )
-from imageforge.image.labels import default_tag, labels
 from imageforge.model.sourcetypes import Source
-from imageforge.planning import project
 from imageforge.planning.execute import LayerCache, Run, bake_file, make_run, reused, to_build
+from imageforge.planning.labels import default_tag, labels
 from imageforge.planning.plan import Plan
 from imageforge.sources.sources import SourceCache
 
