@@ -16,9 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from imageforge.errors import UsageError
-from imageforge.model.stage import Stage
-from imageforge.textsafe import escaped
+from imageforge.stageapi import Stage, UsageError, escaped
 from stages import (
     aws_ofi_nccl,
     base,

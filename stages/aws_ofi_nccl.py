@@ -49,19 +49,22 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from imageforge.image import smoke
-from imageforge.model.sourcetypes import Source
-from imageforge.model.stage import (
+from imageforge.stageapi import (
     EXPORT_ROOT,
     Check,
     Context,
     Field,
+    Source,
     Stage,
+    apt_install,
+    bind,
     git_fields,
     git_source,
+    run,
+    sh,
+    smoke,
     url_source,
 )
-from imageforge.planning.dockerfile import apt_install, bind, run, sh
 from stages import aws_ofi_nccl_efa
 from stages.aws_ofi_nccl_rules import RULES
 

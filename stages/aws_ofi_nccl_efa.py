@@ -17,10 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge.errors import ManifestError
-from imageforge.image import smoke
-from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field
-from imageforge.planning.dockerfile import run, sh
+from imageforge.stageapi import EXPORT_ROOT, Check, Context, Field, ManifestError, run, sh, smoke
 
 # Where the installer puts everything it installs; the plugin is looked for under it.
 INSTALL_ROOT = "/opt/amazon"

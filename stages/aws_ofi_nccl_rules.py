@@ -13,8 +13,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.model.compat import (
+from imageforge.stageapi import (
     Floor,
+    Manifest,
     Note,
     Registry,
     Rule,
@@ -24,7 +25,6 @@ from imageforge.model.compat import (
     read,
     stage_version,
 )
-from imageforge.model.manifest import Manifest
 from stages.efa_rules import image_libfabric, installer_with, installers_in
 
 DATA = Path(__file__).with_name("aws_ofi_nccl_rules.toml")

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from imageforge.image import smoke
-from imageforge.model.stage import Check, Context, Field, Stage
-from imageforge.planning.dockerfile import apt_install, sh
+from imageforge.stageapi import Check, Context, Field, Stage, apt_install, sh, smoke
 from stages.base_rules import RULES
 
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.model.compat import (
+from imageforge.stageapi import (
     CUDA_BASE,
+    Manifest,
     Registry,
     Rule,
     Violation,
@@ -20,7 +21,6 @@ from imageforge.model.compat import (
     numeric,
     read,
 )
-from imageforge.model.manifest import Manifest
 
 DATA = Path(__file__).with_name("base_rules.toml")
 

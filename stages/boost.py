@@ -20,10 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from imageforge.image import smoke
-from imageforge.model.sourcetypes import Source
-from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, url_fields, url_source
-from imageforge.planning.dockerfile import bind, run, sh
+from imageforge.stageapi import (
+    EXPORT_ROOT,
+    Check,
+    Context,
+    Field,
+    Source,
+    Stage,
+    bind,
+    run,
+    sh,
+    smoke,
+    url_fields,
+    url_source,
+)
 
 
 def sources(ctx: Context) -> Sequence[Source]:

@@ -25,10 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge.errors import ManifestError
-from imageforge.model.stage import Check, Context, Field, Stage
-from imageforge.planning.dockerfile import sh
-from imageforge.planning.localtree import tree_digest
+from imageforge.stageapi import Check, Context, Field, ManifestError, Stage, sh, tree_digest
 
 CODE_DIR = "/opt/ml/code"
 CONTEXT = "src-code"

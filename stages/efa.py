@@ -25,11 +25,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from imageforge.image import smoke
-from imageforge.model.sourcetypes import Signature, Source
-from imageforge.model.stage import Check, Context, Field, Stage, url_fields, url_source
-from imageforge.planning.dockerfile import APT_CLEAN, bind, run, sh
-from imageforge.sources.signature import DEFAULT_KEY_URL
+from imageforge.stageapi import (
+    APT_CLEAN,
+    DEFAULT_KEY_URL,
+    Check,
+    Context,
+    Field,
+    Signature,
+    Source,
+    Stage,
+    bind,
+    run,
+    sh,
+    smoke,
+    url_fields,
+    url_source,
+)
 from stages.efa_rules import RULES, known_efa
 
 

@@ -9,7 +9,7 @@ Built FROM the efa stage; gathers the other stages' exports and sets the environ
 
 from __future__ import annotations
 
-from imageforge.model.stage import Context, Stage
+from imageforge.stageapi import Context, Stage
 from stages.nccl import remove_other_libnccl
 
 

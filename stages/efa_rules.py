@@ -12,8 +12,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from imageforge.model.compat import (
+from imageforge.stageapi import (
     Floor,
+    Manifest,
     Registry,
     Rule,
     Violation,
@@ -25,7 +26,6 @@ from imageforge.model.compat import (
     read,
     stage_version,
 )
-from imageforge.model.manifest import Manifest
 
 DATA = Path(__file__).with_name("efa_rules.toml")
 PLUGIN = "aws-ofi-nccl"

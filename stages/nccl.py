@@ -44,18 +44,24 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from imageforge.image import smoke
-from imageforge.model.compat import numeric
-from imageforge.model.sourcetypes import Source
-from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
-from imageforge.planning.dockerfile import (
+from imageforge.stageapi import (
     CCACHE_MOUNT,
+    EXPORT_ROOT,
     LDCONFIG,
     USE_CCACHE,
+    Check,
+    Context,
+    Field,
+    Source,
+    Stage,
     apt_install,
     bind,
+    git_fields,
+    git_source,
+    numeric,
     run,
     sh,
+    smoke,
 )
 from stages import nccl_wheel
 from stages.nccl_pytorch_pin import PIN as PYTORCH_PIN

@@ -15,14 +15,20 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from imageforge.errors import LockError, ManifestError
-from imageforge.model.compat import image_cuda
-from imageforge.model.inputs import stage_inputs
-from imageforge.model.lockpin import LockPin, Pin, Upstream
-from imageforge.model.manifest import Manifest
-from imageforge.model.sourcetypes import GitSource
-from imageforge.model.stage import Context, Stage
-from imageforge.textsafe import redact
+from imageforge.stageapi import (
+    Context,
+    GitSource,
+    LockError,
+    LockPin,
+    Manifest,
+    ManifestError,
+    Pin,
+    Stage,
+    Upstream,
+    image_cuda,
+    redact,
+    stage_inputs,
+)
 from stages import nccl_wheel, ncclwheelpin
 from stages.ncclpin import pytorch_nccl_pin
 

@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from imageforge.model.compat import PinRule, Violation, numeric
-from imageforge.model.manifest import Manifest
+from imageforge.stageapi import Manifest, PinRule, Violation, numeric
 from stages.nccl_pytorch_pin import ENTRY
 
 DATA = Path(__file__).with_name("nccl_rules.toml")

@@ -21,10 +21,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge.image import smoke
-from imageforge.model.sourcetypes import Source
-from imageforge.model.stage import EXPORT_ROOT, Check, Context, Field, Stage, git_fields, git_source
-from imageforge.planning.dockerfile import bind, run, sh
+from imageforge.stageapi import (
+    EXPORT_ROOT,
+    Check,
+    Context,
+    Field,
+    Source,
+    Stage,
+    bind,
+    git_fields,
+    git_source,
+    run,
+    sh,
+    smoke,
+)
 from stages.nccl import gencode, reproducible_nvcc
 
 

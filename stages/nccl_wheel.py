@@ -16,10 +16,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge.errors import ManifestError
-from imageforge.model.sourcetypes import Source, UrlSource
-from imageforge.model.stage import EXPORT_ROOT, Context, Field, filename_of
-from imageforge.planning.dockerfile import apt_install, bind, run, sh
+from imageforge.stageapi import (
+    EXPORT_ROOT,
+    Context,
+    Field,
+    ManifestError,
+    Source,
+    UrlSource,
+    apt_install,
+    bind,
+    filename_of,
+    run,
+    sh,
+)
 
 # Where the wheel is bound, and unpacked, while the stage builds.
 WHEEL_DIR = "/tmp/nccl-wheel"

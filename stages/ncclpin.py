@@ -25,10 +25,15 @@ from urllib.parse import quote
 
 import requests
 
-from imageforge.errors import CompatibilityError, SourceError
-from imageforge.sources import gitsource
-from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy
-from imageforge.textsafe import redact
+from imageforge.stageapi import (
+    DEFAULT_POLICY,
+    USER_AGENT,
+    CompatibilityError,
+    RetryPolicy,
+    SourceError,
+    gitsource,
+    redact,
+)
 
 SUBMODULE = "third_party/nccl/nccl"
 PIN_DIR = ".ci/docker/ci_commit_pins"

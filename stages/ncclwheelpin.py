@@ -13,11 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from imageforge.errors import SourceError
-from imageforge.model.lockpin import Pin, Upstream
-from imageforge.model.stage import Context
-from imageforge.sources import gitsource, wheelmeta
-from imageforge.textsafe import redact
+from imageforge.stageapi import Context, Pin, SourceError, Upstream, gitsource, redact, wheelmeta
 from stages import pytorch_wheel
 
 NCCL_WHEEL = re.compile(r"nvidia-nccl-cu(\d+)")

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge.model.sourcetypes import Source
-from imageforge.model.stage import Check, Context, Field, Stage, url_source
-from imageforge.planning.dockerfile import bind, run, sh
+from imageforge.stageapi import Check, Context, Field, Source, Stage, bind, run, sh, url_source
 
 PREFIX = "/opt/conda"
 

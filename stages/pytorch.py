@@ -45,20 +45,25 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from imageforge.errors import ManifestError
-from imageforge.model.sourcetypes import Source
-from imageforge.model.stage import (
+from imageforge.stageapi import (
+    CCACHE_MOUNT,
     EXPORT_ROOT,
+    USE_CCACHE,
     Check,
     Context,
     Field,
     Inputs,
+    ManifestError,
+    Source,
     Stage,
+    apt_install,
+    bind,
     git_fields,
     git_source,
+    pipinstall,
+    run,
+    sh,
 )
-from imageforge.planning import pipinstall
-from imageforge.planning.dockerfile import CCACHE_MOUNT, USE_CCACHE, apt_install, bind, run, sh
 from stages import pytorch_wheel
 
 PYTHON = "/opt/conda/bin/python"

@@ -22,10 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge.model.stage import EXPORT_ROOT, Check, Context
-from imageforge.planning import pipinstall
-from imageforge.planning.dockerfile import sh
-from imageforge.sources import piplock
+from imageforge.stageapi import EXPORT_ROOT, Check, Context, pipinstall, piplock, sh
 
 PREFIX = "/opt/conda"
 PYTHON = f"{PREFIX}/bin/python"

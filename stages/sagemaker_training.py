@@ -31,9 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge.model.stage import EXPORT_ROOT, POLICY, Check, Context, Field, Stage
-from imageforge.planning import pipinstall
-from imageforge.planning.dockerfile import sh
+from imageforge.stageapi import EXPORT_ROOT, POLICY, Check, Context, Field, Stage, pipinstall, sh
 
 PREFIX = "/opt/conda"
 

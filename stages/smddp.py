@@ -34,11 +34,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge.image import smoke
-from imageforge.model.sourcetypes import Source, UrlSource
-from imageforge.model.stage import Check, Context, Field, Stage, filename_of, url_fields, url_source
-from imageforge.planning import pipinstall
-from imageforge.planning.dockerfile import apt_commands, apt_install, bind, run, sh
+from imageforge.stageapi import (
+    Check,
+    Context,
+    Field,
+    Source,
+    Stage,
+    UrlSource,
+    apt_commands,
+    apt_install,
+    bind,
+    filename_of,
+    pipinstall,
+    run,
+    sh,
+    smoke,
+    url_fields,
+    url_source,
+)
 from stages import sagemaker_training
 from stages.smddp_rules import RULES
 

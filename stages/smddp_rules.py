@@ -14,9 +14,16 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
-from imageforge.model.compat import Registry, Rule, Violation, image_cuda, numeric, read
-from imageforge.model.manifest import Manifest
-from imageforge.model.stage import filename_of
+from imageforge.stageapi import (
+    Manifest,
+    Registry,
+    Rule,
+    Violation,
+    filename_of,
+    image_cuda,
+    numeric,
+    read,
+)
 
 DATA = Path(__file__).with_name("smddp_rules.toml")
 SMDDP_PYTORCH = re.compile(r"/pytorch/([^/]+)/cu\d+/")

@@ -25,19 +25,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from imageforge.image import smoke
-from imageforge.model.sourcetypes import Source
-from imageforge.model.stage import (
+from imageforge.stageapi import (
     EXPORT_ROOT,
     Check,
     Context,
     Field,
     Inputs,
+    Source,
     Stage,
+    apt_install,
+    bind,
     git_fields,
     git_source,
+    run,
+    sh,
+    smoke,
 )
-from imageforge.planning.dockerfile import apt_install, bind, run, sh
 from stages import pytorch_wheel
 from stages.torchvision_rules import RULES
 

@@ -13,7 +13,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from imageforge.model.compat import (
+from imageforge.stageapi import (
+    Manifest,
     Registry,
     Rule,
     Violation,
@@ -22,7 +23,6 @@ from imageforge.model.compat import (
     read,
     stage_version,
 )
-from imageforge.model.manifest import Manifest
 
 DATA = Path(__file__).with_name("torchvision_rules.toml")
 

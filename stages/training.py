@@ -13,11 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from imageforge.image import smoke
-from imageforge.model.stage import Check, Context, Stage
-from imageforge.planning import pipinstall
-from imageforge.planning.dockerfile import run, sh
-from imageforge.sources import piplock
+from imageforge.stageapi import Check, Context, Stage, pipinstall, piplock, run, sh, smoke
 from stages.nccl import remove_other_libnccl
 from stages.pytorch_wheel import PYTHON, loaded_nccl, site_packages
 

@@ -10,7 +10,8 @@ order, and no two modules import each other, directly or around a loop.
     image      image checks and their reports, golden tags, CI pipelines
     sagemaker  the training contract and run-local
     app        one command's flow: the project, build, verify, export, cache and nightly
-               commands (imageforge/app/), and the front end (front.py, cli.py)
+               commands (imageforge/app/), the front end (front.py, cli.py) and what
+               stage modules import (stageapi.py)
 
 Every import counts: those inside functions and those only for type checking too (a type is a
 dependency as much as a call). A cycle is judged on the imports that run: a stage names its
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = ("errors", "exits", "log", "textsafe", "jsonfile", "cmd", "engineapi", "docker",
         "diskfull", "uptodate")
 PACKAGES = ("model", "sources", "planning", "cache", "buildkit", "image", "sagemaker", "app")
-FRONT = ("front", "cli")
+FRONT = ("front", "cli", "stageapi")
 ORDER = ("base", *PACKAGES)
 
 
