@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,10 @@ def read_object(path: Path) -> dict[str, Any] | None:
 def write_text(path: Path, text: str) -> None:
     """`text` into `path`, which readers see whole or not at all.
 
-    A regular file (or a new one) is written to a temporary file of its own beside it and
-    renamed over it: two writers never share a temporary name, and a reader never sees half.
+    A regular file (or a new one) is written to a temporary file of its own beside it (mode
+    0666 less the umask, as open() makes files), flushed to the disk and renamed over it: two
+    writers never share a temporary name, a reader never sees half, and a crash leaves the
+    old file or the new one.
     A symlink is followed, so the link stays a link. Anything else that is not a directory (a
     device such as /dev/stdout, a FIFO such as a shell's >(jq .)) is written in place, since
     a rename would replace it with a plain file. A directory raises IsADirectoryError."""
@@ -59,16 +61,19 @@ def write_text(path: Path, text: str) -> None:
             stream.write(text)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    scratch = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
         os.replace(scratch, target)
     except BaseException:
         Path(scratch).unlink(missing_ok=True)
         raise
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any, *, sort_keys: bool = False) -> None:
     """`data` as indented JSON, written as write_text writes."""
-    write_text(path, json.dumps(data, indent=2) + "\n")
+    write_text(path, json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")

@@ -30,7 +30,6 @@ import os
 import re
 import sys
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -152,9 +151,7 @@ def remember(argv: Sequence[str], *, cache_dir: Path, checkout: Path, images: Se
     directory = records_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{record_name(argv)}.json"
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)
+    jsonfile.write_text(path, json.dumps(record))
 
 
 def answer(argv: Sequence[str]) -> bool:
@@ -238,6 +235,4 @@ def _touch(meta: Path) -> None:
         data = json.loads(meta.read_text())
         data["last_used"] = time.time()
         data["hits"] = int(data.get("hits", 0)) + 1
-        tmp = meta.with_name(f".{meta.name}.{uuid.uuid4().hex[:8]}")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, meta)
+        jsonfile.write_json(meta, data, sort_keys=True)

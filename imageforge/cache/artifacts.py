@@ -129,7 +129,7 @@ class ArtifactStore:
         if not bad and (entry.path / "index.json").exists():
             fresh = {b.name: _stamp(b) for b in blobs}
             if fresh != stamps:
-                _write_json(stamps_path, fresh)
+                jsonfile.write_json(stamps_path, fresh, sort_keys=True)
             return entry
         log.warning(f"cached artifact of {entry.stage} ({key[:19]}) is corrupt "
                     f"({len(bad)} bad blob(s)); discarding it, the stage will be rebuilt.")
@@ -209,7 +209,7 @@ class ArtifactStore:
         entry = Entry(key=key, stage=stage, inputs=dict(inputs), size=size, digest=digest,
                       build_seconds=round(build_seconds, 2), created=now, last_used=now,
                       hits=0, path=self.entry_root / key_hex(key))
-        _write_json(staged / "meta.json", entry.meta())
+        jsonfile.write_json(staged / "meta.json", entry.meta(), sort_keys=True)
         return self._place(staged, entry)
 
     def image_ref(self, stage: str, key: str) -> str:
@@ -226,7 +226,7 @@ class ArtifactStore:
                       hits=0, path=self.entry_root / key_hex(key), image=ref)
         staged = self.scratch()
         try:
-            _write_json(staged / "meta.json", entry.meta())
+            jsonfile.write_json(staged / "meta.json", entry.meta(), sort_keys=True)
             return self._place(staged, entry)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
@@ -255,7 +255,7 @@ class ArtifactStore:
         if entry is None:
             return
         updated = dataclasses.replace(entry, last_used=time.time(), hits=entry.hits + 1)
-        _write_json(entry.path / "meta.json", updated.meta())
+        jsonfile.write_json(entry.path / "meta.json", updated.meta(), sort_keys=True)
 
     def remove(self, key: str) -> None:
         path = self.entry_root / key_hex(key)
@@ -423,12 +423,6 @@ def _meta_problem(data: Any, key: str) -> str | None:
     if data["key"] != key:
         return f"it names key {data['key'][:19]}, not its own {key[:19]}"
     return None
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def _alive(pid: int) -> bool:

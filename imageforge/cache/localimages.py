@@ -6,14 +6,11 @@ tag are not reused, and `build` refuses a tag that names another image since it 
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from imageforge.docker import local_image_id
-from imageforge.jsonfile import read_object
+from imageforge.jsonfile import read_object, write_json
 
 # read: the recorded ID, else the image store's (plans write nothing); record: the same, and
 # remember it when none was recorded (builds); refresh: the image store's, remembered (lock).
@@ -41,12 +38,4 @@ class LocalImages:
 
     def _record(self, ref: str, image_id: str) -> None:
         data = {**(read_object(self.path) or {}), ref: image_id}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".images.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(data, handle, indent=2, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json(self.path, data, sort_keys=True)

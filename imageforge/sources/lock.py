@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence, Set
@@ -638,14 +637,7 @@ def text(lock: Lock, manifest: Manifest) -> str:
 
 def write(path: Path, lock: Lock, manifest: Manifest) -> None:
     """Atomic: the lock file is replaced whole or left as it was."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text(lock, manifest))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    jsonfile.write_text(path, text(lock, manifest))
 
 
 def pins_moved(old: Lock | None, new: Lock) -> bool:

@@ -26,6 +26,7 @@ import posixpath
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from requests.auth import AuthBase, HTTPBasicAuth
 from requests.utils import get_netrc_auth
 
 from imageforge.errors import ManifestError, SourceError
+from imageforge.jsonfile import write_json
 from imageforge.model.inputs import stage_inputs
 from imageforge.model.manifest import Manifest
 from imageforge.model.sourcetypes import GitSource, Signature, Source, UrlSource
@@ -277,7 +279,7 @@ def _add_file(index: dict[str, Any], to: Path, url: str, file: Path, sha256: str
     target = to / relative
     if not target.is_file() or _sha256(target) != sha256:
         target.parent.mkdir(parents=True, exist_ok=True)
-        scratch = target.with_name(f".{target.name}.tmp")
+        scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         shutil.copyfile(file, scratch)
         os.replace(scratch, target)
     index["files"][redact(url)] = {"path": relative, "sha256": sha256}
@@ -358,7 +360,5 @@ def _write_index(to: Path, index: Mapping[str, Any]) -> Path:
     path = to / INDEX
     ordered = {"format": FORMAT, "files": dict(sorted(index["files"].items())),
                "git": dict(sorted(index["git"].items()))}
-    scratch = path.with_name(f".{INDEX}.tmp")
-    scratch.write_text(json.dumps(ordered, indent=2) + "\n")
-    os.replace(scratch, path)
+    write_json(path, ordered)
     return path

@@ -37,6 +37,7 @@ from rich.progress import (
 
 from imageforge import diskfull
 from imageforge.errors import Interrupted, LockError
+from imageforge.jsonfile import write_json
 from imageforge.model.sourcetypes import GitSource, Source, UrlSource
 from imageforge.sources import tarcheck
 from imageforge.sources.download import Progress as ProgressCallback
@@ -236,9 +237,7 @@ def _read_marker(entry: Path) -> dict[str, Any] | None:
 
 def _write_marker(entry: Path, marker: dict[str, Any]) -> None:
     path = _beside(entry, ".complete")
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json(path, marker, sort_keys=True)
 
 
 def _marker(source: Source, entry: Path) -> dict[str, Any]:

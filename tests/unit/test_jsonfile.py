@@ -4,8 +4,11 @@ device, a FIFO, a symlink), checked on real ones."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -77,3 +80,40 @@ def test_two_writers_at_once_each_leave_a_whole_file(tmp_path: Path) -> None:
         thread.join(timeout=60)
     assert path.read_text() in texts.values()
     assert [p.name for p in tmp_path.iterdir()] == ["record.json"]
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from imageforge import jsonfile
+path, name = Path(sys.argv[1]), sys.argv[2]
+for i in range(40):
+    jsonfile.write_json(path, {"writer": name, "i": i, "pad": name * 100_000})
+"""
+
+
+def test_two_processes_writing_at_once_never_show_a_reader_half_a_file(tmp_path: Path) -> None:
+    """Two real processes replace one record 40 times each while this one reads it: every
+    read is a whole document of one writer, and no temporary file is left."""
+    path = tmp_path / "meta.json"
+    jsonfile.write_json(path, {"writer": "none", "i": -1, "pad": ""})
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), name])
+               for name in ("a", "b")]
+    seen = set()
+    while any(w.poll() is None for w in writers):
+        document = json.loads(path.read_text())
+        assert document["pad"] == document["writer"] * (100_000 if document["i"] >= 0 else 0)
+        seen.add(document["writer"])
+    assert [w.returncode for w in writers] == [0, 0]
+    assert json.loads(path.read_text())["i"] == 39
+    assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]
+    assert seen & {"a", "b"}
+
+
+def test_a_new_file_gets_the_mode_open_gives_under_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        jsonfile.write_text(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o640
