@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from imageforge import diskfull
+from imageforge import cachedir, diskfull, jsonfile
 from imageforge.app import project
 from imageforge.errors import CacheError, FatalError, UsageError
 from imageforge.model import validate
@@ -897,9 +897,8 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
     document = {"file": file, "images": results, "built": len(built),
                 "distinct_built": len(set(built))}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    written = settings(config).cache_dir / "reports" / f"{stamp}-matrix.json"
-    written.parent.mkdir(parents=True, exist_ok=True)
-    written.write_text(json.dumps(document, indent=2) + "\n")
+    written = cachedir.reports(settings(config).cache_dir) / f"{stamp}-matrix.json"
+    jsonfile.write_json(written, document)
     if report:
         write_output("--report", report, json.dumps(document, indent=2) + "\n")
     yield f"{len(results)} images; {len(built)} stage builds, each key once; report {written}"

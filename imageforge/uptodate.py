@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from imageforge import engineapi, jsonfile
+from imageforge import cachedir, engineapi, jsonfile
 
 VERSION = 1
 # Variables a shell changes between identical commands; every other one is in the key.
@@ -221,7 +221,7 @@ def save_report(cache_dir: Path, report: Mapping[str, Any]) -> Path:
     """cache/reports/<timestamp>-<target>.json, written whole (a rename); the one writer of
     build reports, here because this module may import nothing of the engine."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    reports = cache_dir / "reports"
+    reports = cachedir.reports(cache_dir)
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / f"{stamp}-{report['target']}.json"
     jsonfile.write_json(path, report)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge import jsonfile, log
+from imageforge import cachedir, jsonfile, log
 from imageforge.app import dryrun, project
 from imageforge.app.export import exported_stages
 from imageforge.buildkit import bake, cachemounts
@@ -229,7 +229,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
     for name in building:
         for context, (path, digest) in planned.stage(name).local_dirs.items():
             contexts[context] = str(localtree.snapshot(Path(path), digest,
-                                                     settings.cache_dir / "sources" / "local"))
+                                                     cachedir.local_trees(settings.cache_dir)))
     clock.lap("fetch")
     scratch = store.scratch()
     tag = options.tag or default_tag(planned)
@@ -385,7 +385,7 @@ def _keep_images(store: ArtifactStore, planned: Plan, images: Mapping[str, str],
 
 def _save_last_build(settings: project.Settings, planned: Plan, building: list[str]) -> None:
     """What each stage was last built from, for `invoke explain`."""
-    last = settings.cache_dir / "artifacts" / "last"
+    last = cachedir.last_builds(settings.cache_dir)
     last.mkdir(parents=True, exist_ok=True)
     for name in building:
         stage = planned.stage(name)

@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any
 
+from imageforge import cachedir
 from imageforge.app import project
 from imageforge.buildkit.transfer import pull_entries, push_entries
 from imageforge.cache import remote as remote_mod
@@ -119,7 +120,7 @@ def explain(settings: project.Settings, target: str) -> str:
     building = to_build(planned)
     if not building:
         return f"{target}: nothing to build; every stage needed is cached"
-    last_dir = settings.cache_dir / "artifacts" / "last"
+    last_dir = cachedir.last_builds(settings.cache_dir)
     lines = []
     for name in building:
         stage = planned.stage(name)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from imageforge import jsonfile, log
+from imageforge import cachedir, jsonfile, log
 from imageforge.app import project, verify
 from imageforge.app.build import build
 from imageforge.buildkit.results import BuildOptions
@@ -286,7 +286,7 @@ def _push(tag: str, env: dict[str, str] | None) -> None:
 
 
 def _state_path(settings: project.Settings, name: str, channel: str) -> Path:
-    return settings.cache_dir / "golden" / f"{name}-{channel}.json"
+    return cachedir.golden(settings.cache_dir, name, channel)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imageforge import log
+from imageforge import cachedir, log
 from imageforge.cache import localimages
 from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cache.imagestore import ImageStore
@@ -210,12 +210,12 @@ def artifact_store(settings: Settings, images: ImageStore | None = _DOCKER_ENGIN
     """The artifact store; full-image artifacts in the image store of `images` (the docker
     CLI's engine unless told otherwise; None: a builder without an image store, or
     settings that keep every artifact as an OCI layout)."""
-    return ArtifactStore(settings.cache_dir / "artifacts",
+    return ArtifactStore(cachedir.artifacts(settings.cache_dir),
                          images if settings.image_store else None)
 
 
 def source_cache(settings: Settings) -> SourceCache:
-    root = (settings.cache_dir / "sources").resolve()
+    root = cachedir.sources(settings.cache_dir).resolve()
     if not settings.rewrites and not settings.mirror:
         return SourceCache(root)
     return SourceCache(root, mirror_mod.Locations(settings.rewrites, settings.mirror,

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from imageforge import cachedir
 from imageforge.app import project
 from imageforge.app.build import builder_args, image_store
 from imageforge.buildkit import bake, cachemounts
@@ -137,7 +138,7 @@ def _rebuild(settings: project.Settings, store: ArtifactStore, remote: Remote | 
                      project.source_cache(settings).materialize_all(stage.sources).items()})
     for context, (path, digest) in stage.local_dirs.items():
         contexts[context] = str(localtree.snapshot(Path(path), digest,
-                                                 settings.cache_dir / "sources" / "local"))
+                                                 cachedir.local_trees(settings.cache_dir)))
     run = make_run(planned, planned.registry, [name], contexts, final=False)
     out = workdir / "rebuilt"
     (workdir / "context").mkdir(parents=True)

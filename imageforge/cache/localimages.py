@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from imageforge import cachedir
 from imageforge.docker import local_image_id
 from imageforge.jsonfile import read_object, write_json
 
@@ -21,7 +22,7 @@ class LocalImages:
     """`<cache dir>/local/images.json`: image reference -> local image ID."""
 
     def __init__(self, cache_dir: Path) -> None:
-        self.path = cache_dir / "local" / "images.json"
+        self.path = cachedir.local_images(cache_dir)
 
     def id_for(self, ref: str, mode: Mode) -> str | None:
         recorded = self.recorded(ref)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from imageforge import jsonfile
+from imageforge import cachedir, jsonfile
 from imageforge.cache.artifacts import key_hex
 from imageforge.errors import NotReproducibleError
 
@@ -24,7 +24,7 @@ TRUST = ("any", "verified")
 
 
 def _path(cache_dir: Path, key: str) -> Path:
-    return cache_dir / "artifacts" / "verified" / f"{key_hex(key)}.json"
+    return cachedir.verification(cache_dir, key_hex(key))
 
 
 def record(cache_dir: Path, *, key: str, stage: str, digest: str,

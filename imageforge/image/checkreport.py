@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from imageforge import jsonfile, log
+from imageforge import cachedir, jsonfile, log
 from imageforge.image.checks import NEEDS_HARDWARE, CheckResult, CheckRun
 from imageforge.image.smoke import VERSION_MARK
 
@@ -144,7 +144,7 @@ def publish(cache_dir: Path, run: CheckRun, *, json_path: Path | None = None,
 
 
 def record_path(cache_dir: Path, digest: str) -> Path:
-    return cache_dir / "tests" / f"{digest}.json"
+    return cachedir.test_record(cache_dir, digest)
 
 
 def update_record(cache_dir: Path, run: CheckRun) -> Path:

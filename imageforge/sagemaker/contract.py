@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from imageforge import cachedir
 from imageforge.errors import UsageError
 
 LABEL = "imageforge.run-local.job"
@@ -155,7 +156,7 @@ def make_spec(*, image: str | None, output: str | None, cache_dir: Path, hosts: 
             option = "--program" if key == "sagemaker_program" else "--code"
             raise UsageError(f"--hp {key} and {option} both set {key}; give one of them.")
     job_name = new_job_name()
-    out = Path(output).expanduser() if output else cache_dir / "run-local" / job_name
+    out = Path(output).expanduser() if output else cachedir.run_local(cache_dir, job_name)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--output {out}: exists and is not an empty directory; a job writes "
                          "into a new or empty one.")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ("errors", "exits", "log", "textsafe", "jsonfile", "cmd", "engineapi", "docker",
+BASE = ("errors", "exits", "log", "textsafe", "jsonfile", "cachedir", "cmd", "engineapi", "docker",
         "diskfull", "uptodate")
 PACKAGES = ("model", "sources", "planning", "cache", "buildkit", "image", "sagemaker", "app")
 FRONT = ("front", "cli", "stageapi")
