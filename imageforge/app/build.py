@@ -14,16 +14,15 @@ import dataclasses
 import json
 import shutil
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from imageforge import cachedir, jsonfile, log
-from imageforge.app import dryrun, project
+from imageforge.app import bakes, dryrun, project
 from imageforge.app.export import exported_stages
 from imageforge.buildkit import bake, cachemounts
-from imageforge.buildkit.bake import absolute_if_local
+from imageforge.buildkit.bake import builder_args
 from imageforge.buildkit.buildreport import report_data, write_report
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import (
@@ -41,7 +40,6 @@ from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cache.imagestore import ImageStore
 from imageforge.cache.keylock import locked_all
 from imageforge.cache.remote import Remote
-from imageforge.cmd import docker, docker_binary
 from imageforge.docker import ensure_ready, local_image
 from imageforge.errors import (
     CacheError,
@@ -51,17 +49,11 @@ from imageforge.jsonfile import read_object
 from imageforge.model import extends
 from imageforge.model.imageref import registry_host
 from imageforge.planning import localtree
-from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
-    LayerCache,
-    bake_file,
-    fresh_cache_mounts,
     is_external,
-    make_run,
     reused,
     to_build,
     waves,
-    whole_images,
 )
 from imageforge.planning.labels import default_tag, image_metadata
 from imageforge.planning.plan import Plan
@@ -94,7 +86,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                         "changed since the pipeline was generated; run `invoke ci.generate` "
                         "again.")
     if options.dry_run:
-        dryrun.print_dry_run(settings, planned, options)
+        dryrun.print_dry_run(settings, planned, options, store)
         return None
     # build --output reads every exported stage's artifact: one gone from the image store
     # (or corrupt) is dropped here by verify, so this build makes it again.
@@ -291,31 +283,13 @@ def _bake_wave(settings: project.Settings, options: BuildOptions, store: Artifac
                *, tag: str | None, later: set[str]) -> dict[str, Any]:
     """One bake: build `building` from `contexts`, store their artifacts and, with a `tag`,
     make the image. Returns BuildKit's metadata of the bake."""
-    run = make_run(planned, planned.registry, building, contexts, final=tag is not None)
-    token = uuid.uuid4().hex[:12] if options.no_cache else None
-    dockerfile = fresh_cache_mounts(run.dockerfile, token) if token else run.dockerfile
-    images = {n: store.image_ref(n, planned.stage(n).key)
-              for n in whole_images(planned, building)} if store.images is not None else {}
-    artifact_dirs = {name: workdir / "out" / name for name in building if name not in images}
-    (workdir / "context").mkdir(parents=True)
-    (workdir / "Dockerfile").write_text(dockerfile)
-    image_labels = image_metadata(planned, project.current_lock(settings), options.revision)
     generator = ensure_sbom_generator() if options.push and tag is not None else None
-    layers = LayerCache(location=absolute_if_local(settings.layer_cache),
-                        modes={n: planned.registry[n].layer_cache for n in building}) \
-        if settings.layer_cache else None
-    spec = bake_file(run, workdir=workdir, tag=tag, labels=image_labels,
-                     platform=str(planned.manifest.image["platform"]), push=options.push,
-                     artifact_dirs=artifact_dirs, artifact_images=images,
-                     layer_cache=layers, sbom_generator=generator,
-                     secrets=_secrets(options))
-    if options.no_cache:
-        for body in spec["target"].values():
-            body["no-cache"] = True
-    (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
-    buildx = builder_args(options.builder)
-    argv = [docker_binary(), *buildx, "bake", "-f", str(workdir / "bake.json"), "--progress",
-            "rawjson", "--metadata-file", str(workdir / "metadata.json")]
+    bake_wave = bakes.wave(settings, options, store, planned, building, contexts, workdir,
+                           tag=tag, sbom_generator=generator)
+    images, artifact_dirs, token = bake_wave.images, bake_wave.artifact_dirs, bake_wave.token
+    (workdir / "context").mkdir(parents=True)
+    (workdir / "Dockerfile").write_text(bake_wave.dockerfile)
+    argv = bake_wave.bake.write()
     clock.lap("render")
     try:
         bake.run_bake(argv, progress, env, cache=store.root,
@@ -323,18 +297,14 @@ def _bake_wave(settings: project.Settings, options: BuildOptions, store: Artifac
                       stages=[n for n in progress.stages if n not in later])
     finally:
         if token:
-            cachemounts.drop(token, buildx)
+            cachemounts.drop(token, list(bake_wave.bake.engine))
     clock.lap("bake")
     clock.phases["export"] = round(progress.export_seconds, 3)
-    metadata = read_object(workdir / "metadata.json") or {}
+    metadata = read_object(bake_wave.bake.metadata_file) or {}
     _keep_artifacts(store, planned, building, artifact_dirs, progress)
     _keep_images(store, planned, images, metadata, progress)
     clock.lap("store")
     return metadata
-
-
-def _secrets(options: BuildOptions) -> dict[str, str]:
-    return {CA_BUNDLE_SECRET: str(options.ca_bundle)} if options.ca_bundle else {}
 
 
 def image_store(builder: str | None) -> ImageStore | None:
@@ -343,16 +313,6 @@ def image_store(builder: str | None) -> ImageStore | None:
     if not builder:
         return ImageStore()
     return ImageStore(builder) if builder_args(builder)[0] == "--context" else None
-
-
-def builder_args(builder: str | None) -> list[str]:
-    """`buildx` with the builder chosen: a Docker engine's own builder is reached through its
-    docker context (buildx refuses `--builder` for those), any other with --builder."""
-    if not builder:
-        return ["buildx"]
-    if docker("context", "inspect", builder).returncode == 0:
-        return ["--context", builder, "buildx"]
-    return ["buildx", "--builder", builder]
 
 
 def _keep_artifacts(store: ArtifactStore, planned: Plan, building: list[str],

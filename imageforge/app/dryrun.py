@@ -6,44 +6,45 @@ import json
 import shlex
 from pathlib import Path
 
-from imageforge.app import project
-from imageforge.buildkit.bake import absolute_if_local
+from imageforge.app import bakes, project
 from imageforge.buildkit.results import BuildOptions
-from imageforge.cmd import docker_binary
-from imageforge.errors import (
-    LockError,
-)
+from imageforge.buildkit.sbom import SBOM_GENERATOR
+from imageforge.cache.artifacts import ArtifactStore
+from imageforge.errors import LockError
 from imageforge.model.sourcetypes import Source
-from imageforge.planning.execute import LayerCache, Run, bake_file, make_run, reused, to_build
-from imageforge.planning.labels import default_tag, labels
+from imageforge.planning.execute import reused, to_build, waves
+from imageforge.planning.labels import default_tag
 from imageforge.planning.plan import Plan
 from imageforge.sources.sources import SourceCache
 
 
-def print_dry_run(settings: project.Settings, planned: Plan, options: BuildOptions) -> None:
+def print_dry_run(settings: project.Settings, planned: Plan, options: BuildOptions,
+                  store: ArtifactStore) -> None:
+    """Each bake the build would run (app/bakes.py, as `build` makes them): its argv, its
+    bake file and its Dockerfile. Sources not fetched yet show where they will be; a stage an
+    earlier bake of this build stores shows as that artifact. Writes nothing."""
     cache = project.source_cache(settings)
     building = to_build(planned)
     contexts = {src.name: str(_planned_path(cache, src))
                 for name in building for src in planned.stage(name).sources}
     for name in reused(planned, building):
         contexts[name] = f"<{planned.stage(name).status} artifact {planned.stage(name).key[:19]}>"
-    run: Run = make_run(planned, planned.registry, building, contexts)
     workdir = settings.cache_dir.resolve() / "build" / planned.target
-    layers = LayerCache(location=absolute_if_local(settings.layer_cache),
-                        modes={n: planned.registry[n].layer_cache for n in building}) \
-        if settings.layer_cache else None
-    bake = bake_file(run, workdir=workdir, tag=options.tag or default_tag(planned),
-                     labels=labels(planned), platform=str(planned.manifest.image["platform"]),
-                     push=options.push,
-                     artifact_dirs={n: workdir / "artifacts" / n for n in building},
-                     layer_cache=layers)
-    print("+ " + shlex.join([docker_binary(), "buildx", "bake", "-f",
-                             str(workdir / "bake.json"), "--progress", "rawjson"]))
+    tag = options.tag or default_tag(planned)
+    parts = waves(planned, building) or [[]]
     print(f"# stages to build: {', '.join(building) or 'none'}")
-    print("# bake.json")
-    print(json.dumps(bake, indent=2))
-    print("# Dockerfile")
-    print(run.dockerfile, end="")
+    for number, part in enumerate(parts):
+        last = number == len(parts) - 1
+        bake = bakes.wave(settings, options, store, planned, part, contexts,
+                          workdir / f"bake-{number}", tag=tag if last else None,
+                          sbom_generator=SBOM_GENERATOR if options.push and last else None)
+        print("+ " + shlex.join(bake.bake.argv()))
+        print(f"# bake.json ({', '.join(part) or 'the image'})")
+        print(json.dumps(bake.bake.spec, indent=2))
+        print("# Dockerfile")
+        print(bake.dockerfile, end="")
+        for name in part:
+            contexts[name] = f"<artifact {planned.stage(name).key[:19]} stored by bake {number}>"
 
 
 def _planned_path(cache: SourceCache, source: Source) -> Path:

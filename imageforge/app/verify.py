@@ -14,7 +14,6 @@ use.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import tarfile
 import time
@@ -25,8 +24,9 @@ from typing import Literal
 
 from imageforge import cachedir
 from imageforge.app import project
-from imageforge.app.build import builder_args, image_store
+from imageforge.app.build import image_store
 from imageforge.buildkit import bake, cachemounts
+from imageforge.buildkit.bake import Invocation, builder_args
 from imageforge.buildkit.progress import BuildProgress, Mode
 from imageforge.buildkit.transfer import fetch_layout
 from imageforge.cache import remote as remote_mod
@@ -34,7 +34,7 @@ from imageforge.cache import verified
 from imageforge.cache.artifacts import ArtifactStore, Entry
 from imageforge.cache.layoutdiff import REPACKED, first_difference, top_digest
 from imageforge.cache.remote import Remote
-from imageforge.cmd import docker, docker_binary
+from imageforge.cmd import docker
 from imageforge.docker import ensure_ready
 from imageforge.errors import CacheError, DockerError, NotReproducibleError, UsageError
 from imageforge.planning import localtree
@@ -149,10 +149,8 @@ def _rebuild(settings: project.Settings, store: ArtifactStore, remote: Remote | 
                      artifact_dirs={name: out}, secrets=secrets)
     for body in spec["target"].values():
         body["no-cache"] = True
-    (workdir / "bake.json").write_text(json.dumps(spec, indent=2))
     buildx = builder_args(builder)
-    argv = [docker_binary(), *buildx, "bake", "-f", str(workdir / "bake.json"), "--progress",
-            "rawjson"]
+    argv = Invocation(spec=spec, workdir=workdir, engine=buildx).write()
     env = remote.env if remote is not None else {}
     try:
         bake.run_bake(argv, BuildProgress([name], progress), env, cache=store.root, push=None,

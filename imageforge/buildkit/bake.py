@@ -1,16 +1,21 @@
-"""Running `docker buildx bake` with its progress shown, and running it again after the
-failures BuildKit gets past on a second attempt (`bakefail.transient`)."""
+"""One `docker buildx bake`: its description (Invocation: the bake file and the argv that runs
+it, made once for build, verify, the registry transfer and the dry run), the run with its
+progress shown, and the one retry policy: a bake that failed only in a way BuildKit gets past
+on a second attempt (`bakefail.transient`) runs again."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from imageforge import log
 from imageforge.buildkit import bakefail
 from imageforge.buildkit.progress import BuildProgress, read_statuses
-from imageforge.cmd import popen
+from imageforge.cmd import docker, docker_binary, popen
 from imageforge.errors import (
     BuildError,
     DockerError,
@@ -18,6 +23,65 @@ from imageforge.errors import (
 )
 
 BAKE_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+def builder_args(builder: str | None) -> list[str]:
+    """`buildx` with the builder chosen: a Docker engine's own builder is reached through its
+    docker context (buildx refuses `--builder` for those), any other with --builder."""
+    if not builder:
+        return ["buildx"]
+    if docker("context", "inspect", builder).returncode == 0:
+        return ["--context", builder, "buildx"]
+    return ["buildx", "--builder", builder]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Invocation:
+    """A bake as it runs: the bake file's content, the directory it is written to, the
+    engine arguments (builder_args, or a docker context) and the progress mode; with
+    `metadata`, BuildKit writes what it made to metadata.json there."""
+
+    spec: Mapping[str, Any]
+    workdir: Path
+    engine: Sequence[str] = ("buildx",)
+    progress: str = "rawjson"
+    metadata: bool = False
+
+    @property
+    def file(self) -> Path:
+        return self.workdir / "bake.json"
+
+    @property
+    def metadata_file(self) -> Path:
+        return self.workdir / "metadata.json"
+
+    def argv(self) -> list[str]:
+        return [docker_binary(), *self.engine, "bake", "-f", str(self.file), "--progress",
+                self.progress, *(["--metadata-file", str(self.metadata_file)]
+                                 if self.metadata else [])]
+
+    def write(self) -> list[str]:
+        """Write the bake file; the argv that runs it."""
+        self.file.write_text(json.dumps(self.spec, indent=2))
+        return self.argv()
+
+
+def retried(once: Callable[[], T], transient: Callable[[T], str | None],
+            outputs: Sequence[Path], doing: str) -> T:
+    """`once()` again while it fails in a way another attempt gets past (`transient` gives the
+    reason; None for a success or any other failure), at most BAKE_ATTEMPTS times, its
+    half-written `outputs` removed in between; the last attempt's result."""
+    for attempt in range(1, BAKE_ATTEMPTS):
+        result = once()
+        why = transient(result)
+        if why is None:
+            return result
+        log.warning(f"{why} {doing} (attempt {attempt} of {BAKE_ATTEMPTS}); running it again, "
+                    "every finished step is cached.")
+        for output in outputs:
+            shutil.rmtree(output, ignore_errors=True)
+    return once()
 
 
 def run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *,
@@ -28,20 +92,20 @@ def run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *
     failed only in a way another attempt gets past runs again (its half-written `outputs`
     removed first); any other failure raises."""
     other: list[str] = []
-    for attempt in range(1, BAKE_ATTEMPTS + 1):
+
+    def once() -> int:
         other.clear()
-        code = _bake_once(argv, progress, env, other)
-        if code == 0:
-            progress.succeeded(stages)
-            return
-        failed_stage = any(s.state == "failed" for s in progress.stages.values())
-        why = None if failed_stage else bakefail.transient("\n".join(other))
-        if why is None or attempt == BAKE_ATTEMPTS:
-            break
-        log.warning(f"{why} (attempt {attempt} of {BAKE_ATTEMPTS}); running the bake again, "
-                    "every finished step is cached.")
-        for output in outputs:
-            shutil.rmtree(output, ignore_errors=True)
+        return _bake_once(argv, progress, env, other)
+
+    def transient(code: int) -> str | None:
+        if code == 0 or any(s.state == "failed" for s in progress.stages.values()):
+            return None
+        return bakefail.transient("\n".join(other))
+
+    code = retried(once, transient, outputs, "in the bake")
+    if code == 0:
+        progress.succeeded(stages)
+        return
     failed = [s for s in progress.stages.values() if s.state == "failed"]
     # A stopped daemon, a full disk or a failing registry is not the recipe's fault.
     known = bakefail.explain("\n".join([*other, *(s.error or "" for s in failed)]),

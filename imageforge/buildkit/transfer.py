@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
-from imageforge import log
 from imageforge.buildkit import bakefail
-from imageforge.buildkit.bake import BAKE_ATTEMPTS
+from imageforge.buildkit.bake import Invocation, retried
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cache.remote import Remote
-from imageforge.cmd import docker_binary, run
+from imageforge.cmd import run
 from imageforge.errors import (
     CacheError,
 )
@@ -93,26 +92,25 @@ def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
     build's bake, one that failed only in a way another attempt gets past runs again."""
     scratch = store.scratch()
     try:
-        (scratch / "bake.json").write_text(json.dumps(bake))
         # Image entries are names in one engine's image store: that engine moves them.
         context = store.images.context if store.images is not None else None
-        engine = ["--context", context] if context else []
-        for attempt in range(1, BAKE_ATTEMPTS + 1):
-            proc = run([docker_binary(), *engine, "buildx", "bake", "-f",
-                        str(scratch / "bake.json"), "--progress", "quiet"],
-                       env=remote.env, timeout=3600, error=CacheError,
+        argv = Invocation(spec=bake, workdir=scratch, progress="quiet",
+                          engine=["--context", context, "buildx"] if context else ["buildx"]
+                          ).write()
+
+        def once() -> CompletedProcess[bytes]:
+            return run(argv, env=remote.env, timeout=3600, error=CacheError,
                        timed_out=f"moving artifacts to or from {remote.repository} took over "
                                  "an hour; check the registry and run again.")
-            if proc.returncode == 0:
-                return None
-            output = proc.stderr.decode(errors="replace")
-            why = bakefail.transient(output)
-            if why is None or attempt == BAKE_ATTEMPTS:
-                break
-            log.warning(f"{why} moving artifacts (attempt {attempt} of {BAKE_ATTEMPTS}); "
-                        "running it again.")
-            for path in outputs:
-                shutil.rmtree(path, ignore_errors=True)
+
+        def transient(proc: CompletedProcess[bytes]) -> str | None:
+            return None if proc.returncode == 0 else \
+                bakefail.transient(proc.stderr.decode(errors="replace"))
+
+        proc = retried(once, transient, outputs, "moving artifacts")
+        if proc.returncode == 0:
+            return None
+        output = proc.stderr.decode(errors="replace")
         known = bakefail.explain(output, cache=store.root)
         if known is not None:
             raise known

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -95,24 +96,35 @@ def test_plan_graph_writes_dot_coloured_by_status(tmp_path: Path) -> None:
     assert "fillcolor" in dot
 
 
-def test_build_dry_run_prints_bake_command_bake_file_and_dockerfile(tmp_path: Path) -> None:
+def test_build_dry_run_prints_each_bake_as_the_build_runs_it(tmp_path: Path) -> None:
+    """The dry run prints the bakes `build` runs, from the same description (app/bakes.py):
+    the stages first, then the image reading their stored artifacts; each with the argv the
+    build runs (the metadata file included), its bake file and its Dockerfile."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "INVOKE_IMAGEFORGE_CACHE_DIR": str(tmp_path)}
     result = subprocess.run(
         [sys.executable, "-m", "invoke", "-r", str(ROOT), "build", "--target", "efa-nccl",
          "--manifest", "manifests/efa-nccl.toml", "--dry-run"],
         cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr
-    first = result.stdout.splitlines()[0]
-    assert first.startswith("+ ")
-    assert " buildx bake -f " in first
-    bake_text = result.stdout.split("# bake.json\n", 1)[1].split("# Dockerfile\n", 1)[0]
-    bake = json.loads(bake_text)
-    image = bake["target"]["image"]
-    assert image["contexts"]["src-efa"].startswith(str(tmp_path))
-    assert image["contexts"]["src-nccl"] == "<unlocked: run invoke lock>/src-nccl"
-    assert image["labels"]["io.imageforge.target"] == "efa-nccl"
-    assert set(bake["target"]) == {"image", *(f"artifact-{s}" for s in (
-        "base", "efa", "nccl", "aws-ofi-nccl", "nccl-tests", "efa-nccl"))}
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# stages to build: base, efa, nccl, aws-ofi-nccl, nccl-tests, efa-nccl"
+    argvs = [line for line in lines if line.startswith("+ ")]
+    workdir = tmp_path.resolve() / "build" / "efa-nccl"
+    assert [shlex.split(a[2:])[1:] for a in argvs] == [
+        ["buildx", "bake", "-f", str(workdir / f"bake-{n}" / "bake.json"), "--progress",
+         "rawjson", "--metadata-file", str(workdir / f"bake-{n}" / "metadata.json")]
+        for n in (0, 1)]
+    texts = [part.split("# Dockerfile\n", 1)[0] for part in result.stdout.split("# bake.json")[1:]]
+    stages, image = (json.loads(t.split("\n", 1)[1]) for t in texts)
+    assert set(stages["target"]) == {f"artifact-{s}" for s in (
+        "base", "efa", "nccl", "aws-ofi-nccl", "nccl-tests")}
+    some = next(iter(stages["target"].values()))
+    assert some["contexts"]["src-efa"].startswith(str(tmp_path))
+    assert some["contexts"]["src-nccl"] == "<unlocked: run invoke lock>/src-nccl"
+    final = image["target"]["image"]
+    assert final["labels"]["io.imageforge.target"] == "efa-nccl"
+    assert final["contexts"]["nccl"].startswith("<artifact sha256:")
+    assert final["contexts"]["nccl"].endswith(" stored by bake 0>")
     assert "FROM efa AS efa-nccl" in result.stdout
     assert "FROM scratch AS imageforge-artifact-nccl" in result.stdout
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"

@@ -1,0 +1,67 @@
+"""The bakes of one build, as they will run: for each wave of stages (planning.execute.waves),
+its Dockerfile, its bake file and the argv that runs it. `build` runs them and `build
+--dry-run` prints them, from this one description."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from imageforge.app import project
+from imageforge.buildkit.bake import Invocation, absolute_if_local, builder_args
+from imageforge.buildkit.results import BuildOptions
+from imageforge.cache.artifacts import ArtifactStore
+from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
+from imageforge.planning.execute import (
+    LayerCache,
+    bake_file,
+    fresh_cache_mounts,
+    make_run,
+    whole_images,
+)
+from imageforge.planning.labels import image_metadata
+from imageforge.planning.plan import Plan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Wave:
+    dockerfile: str
+    bake: Invocation
+    # Stage -> its name in the engine's image store; the other built stages' OCI layouts.
+    images: Mapping[str, str]
+    artifact_dirs: Mapping[str, Path]
+    # The cache-mount token of a --no-cache build (its mounts are dropped afterwards).
+    token: str | None
+
+
+def wave(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+         planned: Plan, building: list[str], contexts: Mapping[str, str], workdir: Path, *,
+         tag: str | None, sbom_generator: str | None) -> Wave:
+    """The bake that builds `building` from `contexts` in `workdir`, and with a `tag` makes
+    the image (pushed with its SBOM by `sbom_generator` under --push)."""
+    run = make_run(planned, planned.registry, building, contexts, final=tag is not None)
+    token = uuid.uuid4().hex[:12] if options.no_cache else None
+    images = {n: store.image_ref(n, planned.stage(n).key)
+              for n in whole_images(planned, building)} if store.images is not None else {}
+    artifact_dirs = {name: workdir / "out" / name for name in building if name not in images}
+    layers = LayerCache(location=absolute_if_local(settings.layer_cache),
+                        modes={n: planned.registry[n].layer_cache for n in building}) \
+        if settings.layer_cache else None
+    spec = bake_file(run, workdir=workdir, tag=tag,
+                     labels=image_metadata(planned, project.current_lock(settings),
+                                           options.revision),
+                     platform=str(planned.manifest.image["platform"]), push=options.push,
+                     artifact_dirs=artifact_dirs, artifact_images=images,
+                     layer_cache=layers, sbom_generator=sbom_generator,
+                     secrets={CA_BUNDLE_SECRET: str(options.ca_bundle)}
+                     if options.ca_bundle else {})
+    if options.no_cache:
+        for body in spec["target"].values():
+            body["no-cache"] = True
+    return Wave(dockerfile=fresh_cache_mounts(run.dockerfile, token) if token
+                else run.dockerfile,
+                bake=Invocation(spec=spec, workdir=workdir, engine=builder_args(options.builder),
+                                metadata=True),
+                images=images, artifact_dirs=artifact_dirs, token=token)
