@@ -69,8 +69,8 @@ from imageforge.planning.dockerfile import (
 from imageforge.planning.localtree import tree_digest
 
 # What the lock pins of a stage read upstream, with the shared retry.
-from imageforge.sources import gitsource, piplock, wheelmeta
-from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy
+from imageforge.sources import gitsource, piplock, repotree, wheelmeta
+from imageforge.sources.download import DEFAULT_POLICY, RetryPolicy
 from imageforge.sources.signature import DEFAULT_KEY_URL
 from imageforge.textsafe import escaped, redact
 
@@ -83,7 +83,6 @@ __all__ = [
     "EXPORT_ROOT",
     "LDCONFIG",
     "POLICY",
-    "USER_AGENT",
     "USE_CCACHE",
     "Check",
     "CompatibilityError",
@@ -128,6 +127,7 @@ __all__ = [
     "piplock",
     "read",
     "redact",
+    "repotree",
     "run",
     "sh",
     "smoke",

@@ -11,28 +11,21 @@ a clone; any other location (a mirror, file://, a plain path) is read with git.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import contextlib
 import dataclasses
 import os
 import re
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import quote
 
 import requests
 
 from imageforge.stageapi import (
     DEFAULT_POLICY,
-    USER_AGENT,
     CompatibilityError,
     RetryPolicy,
     SourceError,
     gitsource,
     redact,
+    repotree,
 )
 
 SUBMODULE = "third_party/nccl/nccl"
@@ -40,7 +33,6 @@ PIN_DIR = ".ci/docker/ci_commit_pins"
 VERSION_MK = "makefiles/version.mk"
 GITHUB_API = "https://api.github.com"
 
-GITHUB_REPO = re.compile(r"https://(?:www\.)?github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?/?")
 RELEASE_TAG = re.compile(r"v(\d+)\.(\d+)\.(\d+)-(\d+)")
 PIN_FILE = re.compile(r"nccl(?:-cu\d+)?\.txt")
 CUDA = re.compile(r"(\d+)(?:\.(\d+))?")
@@ -82,8 +74,10 @@ def pytorch_nccl_pin(
     """
     ref = pytorch_ref or f"v{pytorch_version}"
     token = github_token if github_token is not None else os.environ.get("GITHUB_TOKEN")
-    with _tree(pytorch_repo, pytorch_commit, mirrors, session=session, api=github_api,
-               token=token or None, policy=policy) as tree:
+    with repotree.open_tree(pytorch_repo, pytorch_commit, mirrors, session=session,
+                            api=github_api, token=token or None, policy=policy,
+                            repo_key="stages.pytorch.repo",
+                            commit_key="stages.pytorch.commit") as tree:
         found = _find_pin(tree, ref, pytorch_version, cuda)
     commit = found.pin if found.method == "submodule" else gitsource.resolve_ref(nccl_repo,
                                                                                  found.pin)
@@ -117,23 +111,7 @@ class _Found:
     pin: str
 
 
-class _Tree(Protocol):
-    """Read access to one commit of the PyTorch repository."""
-
-    @property
-    def via(self) -> str: ...
-
-    @property
-    def label(self) -> str: ...
-
-    def gitlink(self, path: str) -> str | None: ...
-
-    def names(self, directory: str) -> list[str]: ...
-
-    def text(self, path: str) -> str: ...
-
-
-def _find_pin(tree: _Tree, ref: str, version: str, cuda: str | None) -> _Found:
+def _find_pin(tree: repotree.Tree, ref: str, version: str, cuda: str | None) -> _Found:
     finders = [_from_submodule, _from_pin_file]
     if _pin_files_first(version):
         finders.reverse()
@@ -156,12 +134,12 @@ def _pin_files_first(version: str) -> bool:
     return parts[:2] >= PIN_FILES_FROM
 
 
-def _from_submodule(tree: _Tree, _ref: str, _cuda: str | None) -> _Found | None:
+def _from_submodule(tree: repotree.Tree, _ref: str, _cuda: str | None) -> _Found | None:
     sha = tree.gitlink(SUBMODULE)
     return _Found(method="submodule", path=SUBMODULE, pin=sha) if sha else None
 
 
-def _from_pin_file(tree: _Tree, ref: str, cuda: str | None) -> _Found | None:
+def _from_pin_file(tree: repotree.Tree, ref: str, cuda: str | None) -> _Found | None:
     names = sorted(name for name in tree.names(PIN_DIR) if PIN_FILE.fullmatch(name))
     if not names:
         return None
@@ -192,170 +170,9 @@ def _choose_pin_file(names: list[str], cuda: str | None, ref: str) -> str:
     )
 
 
-# ---- reading PyTorch with git ---------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _GitTree:
-    repo: str
-    commit: str
-    mirrors: Path
-    via: str = "git"
-
-    @property
-    def label(self) -> str:
-        return f"{redact(self.repo)} at {self.commit}"
-
-    def gitlink(self, path: str) -> str | None:
-        return next((sha for kind, sha, name in self._entries(path)
-                     if kind == "commit" and name == path), None)
-
-    def names(self, directory: str) -> list[str]:
-        return [name.rsplit("/", 1)[-1] for kind, _, name in self._entries(f"{directory}/")
-                if kind == "blob"]
-
-    def text(self, path: str) -> str:
-        return gitsource.file_at(self.repo, self.commit, path, mirrors=self.mirrors).decode()
-
-    def _entries(self, path: str) -> list[tuple[str, str, str]]:
-        """(kind, sha, path) of what `git ls-tree` shows at `path`; empty when it is absent."""
-        listing = _git(self.repo, self.commit, self.mirrors, ["ls-tree", self.commit, "--", path])
-        entries = []
-        for line in listing.splitlines():
-            meta, _, name = line.partition("\t")
-            _, kind, sha = meta.split()
-            entries.append((kind, sha, name))
-        return entries
-
-
 def _git(repo: str, commit: str, mirrors: Path, args: list[str]) -> str:
     """Run git in the cached mirror of `repo`, which is made to contain `commit` first."""
     return gitsource.git_at(repo, commit, args, mirrors=mirrors)
-
-
-# ---- reading PyTorch through the GitHub contents API ----------------------------------------
-
-
-class _Transient(Exception):
-    """A GitHub answer worth retrying."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _GitHubTree:
-    owner: str
-    name: str
-    commit: str
-    api: str
-    http: requests.Session
-    token: str | None
-    policy: RetryPolicy
-    via: str = "the GitHub contents API"
-
-    @property
-    def label(self) -> str:
-        return f"github.com/{self.owner}/{self.name} at {self.commit}"
-
-    def gitlink(self, path: str) -> str | None:
-        answer = self._get(path)
-        if isinstance(answer, dict) and answer.get("type") == "submodule":
-            return str(answer["sha"])
-        return None
-
-    def names(self, directory: str) -> list[str]:
-        answer = self._get(directory)
-        if not isinstance(answer, list):
-            return []
-        return [str(item["name"]) for item in answer
-                if isinstance(item, dict) and item.get("type") == "file"]
-
-    def text(self, path: str) -> str:
-        answer = self._get(path)
-        if isinstance(answer, dict) and answer.get("encoding") == "base64":
-            with contextlib.suppress(binascii.Error, UnicodeDecodeError):
-                return base64.b64decode(str(answer.get("content", ""))).decode()
-        raise SourceError(f"the GitHub API gave no readable {path} for {self.label}; run "
-                          "again, or use a git mirror as stages.pytorch.repo")
-
-    def _get(self, path: str) -> Any:
-        """The decoded JSON for `path` at the commit, or None when GitHub has no such path."""
-        retrying = self.policy.retrying(_Transient)
-        try:
-            return retrying(self._attempt, path)
-        except _Transient as exc:
-            raise SourceError(f"the GitHub API did not answer for {path} of {self.label} "
-                              f"({exc}); check your network and run again") from None
-
-    def _attempt(self, path: str) -> Any:
-        url = f"{self.api.rstrip('/')}/repos/{self.owner}/{self.name}/contents/{quote(path)}"
-        try:
-            with self.http.get(url, params={"ref": self.commit}, headers=self._headers(),
-                               timeout=(10, 60)) as response:
-                return self._answer(response, path)
-        except (requests.ConnectionError, requests.Timeout) as exc:
-            raise _Transient(f"{type(exc).__name__}") from exc
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/vnd.github+json", "User-Agent": USER_AGENT,
-                   "X-GitHub-Api-Version": "2022-11-28"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return headers
-
-    def _answer(self, response: requests.Response, path: str) -> Any:
-        status = response.status_code
-        if status == 200:
-            try:
-                return response.json()
-            except ValueError:
-                raise _Transient("the answer was not JSON") from None
-        if status == 404:
-            return self._not_found(response)
-        if status in (403, 429) and response.headers.get("X-RateLimit-Remaining") == "0":
-            raise self._rate_limited(response)
-        if status == 429 or status >= 500:
-            raise _Transient(f"{status} {response.reason}")
-        hint = ("; GITHUB_TOKEN may lack access to the repository" if self.token else
-                "; if this is a rate limit, set GITHUB_TOKEN to a GitHub token")
-        raise SourceError(f"the GitHub API answered {status} {response.reason} for {path} of "
-                          f"{self.label}{hint}")
-
-    def _not_found(self, response: requests.Response) -> None:
-        if "no commit found" in _message(response).lower():
-            raise SourceError(f"github.com/{self.owner}/{self.name} has no commit {self.commit};"
-                              " check stages.pytorch.commit or run `invoke lock --upgrade`")
-
-    def _rate_limited(self, response: requests.Response) -> SourceError:
-        reset = response.headers.get("X-RateLimit-Reset", "")
-        when = (time.strftime(" (it resets at %H:%M UTC)", time.gmtime(int(reset)))
-                if reset.isdigit() else "")
-        advice = ("wait for the reset" if self.token else
-                  "set GITHUB_TOKEN to a GitHub token for a higher limit, or wait for the reset")
-        return SourceError(f"the GitHub API rate limit is used up{when} while reading "
-                           f"{self.label}; {advice}, or use a git mirror as "
-                           "stages.pytorch.repo")
-
-
-def _message(response: requests.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return ""
-    return str(body.get("message", "")) if isinstance(body, dict) else ""
-
-
-@contextlib.contextmanager
-def _tree(repo: str, commit: str, mirrors: Path, *, session: requests.Session | None,
-          api: str, token: str | None, policy: RetryPolicy) -> Iterator[_Tree]:
-    github = GITHUB_REPO.fullmatch(repo)
-    if github is None:
-        yield _GitTree(repo, commit, mirrors)
-        return
-    http = session or requests.Session()
-    try:
-        yield _GitHubTree(github[1], github[2], commit, api, http, token, policy)
-    finally:
-        if session is None:
-            http.close()
 
 
 # ---- the NCCL side --------------------------------------------------------------------------

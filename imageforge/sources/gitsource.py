@@ -132,21 +132,17 @@ def checkout(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def gitlink_at(repo: str, commit: str, path: str, *, mirrors: Path) -> str:
-    """Return the commit that submodule `path` is pinned to at `commit` of `repo`."""
+def entries_at(repo: str, commit: str, path: str, *, mirrors: Path) -> list[tuple[str, str, str]]:
+    """(kind, sha, path) of what `git ls-tree` shows at `path` of `commit` ("commit" for a
+    submodule's pin, "blob", "tree"); empty when there is nothing there."""
     _check_path(repo, path)
-    mirror = _mirror_with(repo, commit, mirrors)
-    listing = _run(repo, ["ls-tree", commit, "--", path.rstrip("/")],
-                   f"could not list {path!r} at {commit} in", cwd=mirror).decode()
-    fields = listing.split("\t", 1)[0].split()
-    if not fields:
-        raise SourceError(f"{redact(repo)} has no {path!r} at {commit}; check the submodule path")
-    _, kind, sha = fields
-    if kind != "commit":
-        raise SourceError(
-            f"{path!r} in {redact(repo)} at {commit} is a {kind}, not a submodule; check the path"
-        )
-    return sha
+    listing = git_at(repo, commit, ["ls-tree", commit, "--", path], mirrors=mirrors)
+    entries = []
+    for line in listing.splitlines():
+        meta, _, name = line.partition("\t")
+        _, kind, sha = meta.split()
+        entries.append((kind, sha, name))
+    return entries
 
 
 def file_at(repo: str, commit: str, path: str, *, mirrors: Path) -> bytes:

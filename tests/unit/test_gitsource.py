@@ -9,7 +9,7 @@ import pytest
 
 from imageforge.errors import LockError, SourceError
 from imageforge.sources import gitsource
-from imageforge.sources.gitsource import checkout, file_at, gitlink_at, list_tags, resolve_ref
+from imageforge.sources.gitsource import checkout, entries_at, file_at, list_tags, resolve_ref
 
 FIXED_DATE = "2022-01-31T12:00:00+00:00"
 
@@ -214,21 +214,27 @@ def superproject(tmp_path: Path) -> Super:
     return Super(url=top.as_uri(), commit=commit, lib_pinned=pinned, lib_tip=tip)
 
 
-def test_gitlink_at_reads_submodule_pin(superproject: Super, tmp_path: Path) -> None:
+def test_entries_at_reads_a_submodule_pin_from_one_mirror(superproject: Super,
+                                                         tmp_path: Path) -> None:
     mirrors = tmp_path / "mirrors"
-    pin = gitlink_at(superproject.url, superproject.commit, "third_party/lib", mirrors=mirrors)
+    [(kind, pin, name)] = entries_at(superproject.url, superproject.commit, "third_party/lib",
+                                     mirrors=mirrors)
+    assert (kind, name) == ("commit", "third_party/lib")
     assert pin == superproject.lib_pinned != superproject.lib_tip
-    # Second lookup reuses the mirror.
-    assert gitlink_at(superproject.url, superproject.commit, "third_party/lib/",
-                      mirrors=mirrors) == pin
+    # A second lookup reuses the mirror.
+    assert entries_at(superproject.url, superproject.commit, "third_party/lib",
+                      mirrors=mirrors)[0][1] == pin
     assert len([path for path in mirrors.iterdir() if path.suffix == ".git"]) == 1
 
 
-def test_gitlink_at_refuses_non_submodules(superproject: Super, tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="is a blob, not a submodule"):
-        gitlink_at(superproject.url, superproject.commit, "setup.py", mirrors=tmp_path / "m")
-    with pytest.raises(SourceError, match="has no 'nope'"):
-        gitlink_at(superproject.url, superproject.commit, "nope", mirrors=tmp_path / "m")
+def test_entries_at_tells_files_from_submodules_and_absence(superproject: Super,
+                                                            tmp_path: Path) -> None:
+    mirrors = tmp_path / "m"
+    assert [e[0] for e in entries_at(superproject.url, superproject.commit, "setup.py",
+                                     mirrors=mirrors)] == ["blob"]
+    assert entries_at(superproject.url, superproject.commit, "nope", mirrors=mirrors) == []
+    with pytest.raises(SourceError, match="refusing path"):
+        entries_at(superproject.url, superproject.commit, "../etc", mirrors=mirrors)
 
 
 def test_file_at_reads_old_versions(upstream: Upstream, tmp_path: Path) -> None:
