@@ -46,7 +46,6 @@ from imageforge.errors import (
     LockError,
 )
 from imageforge.jsonfile import read_object
-from imageforge.model import extends
 from imageforge.model.imageref import registry_host
 from imageforge.planning import localtree
 from imageforge.planning.execute import (
@@ -57,6 +56,7 @@ from imageforge.planning.execute import (
 )
 from imageforge.planning.labels import default_tag, image_metadata
 from imageforge.planning.plan import Plan
+from imageforge.sources import extended
 
 
 def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:
@@ -108,7 +108,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
     engine = builder_args(options.builder)
     if engine[0] == "--context" or not options.builder:
         # A docker-container builder has no image store of its own to compare with.
-        extends.require_same_image(planned.manifest, engine[1] if options.builder else None)
+        extended.require_same_image(planned.manifest, engine[1] if options.builder else None)
     for _ in range(5):
         building = to_build(planned, also)
         using = reused(planned, building)
@@ -145,7 +145,7 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
     if any(present.get(label) != value for label, value in wanted.items()):
         return None
     # The daemon answered; a local base image replaced since the lock still stops the build.
-    extends.require_same_image(planned.manifest)
+    extended.require_same_image(planned.manifest)
     # As a build that reuses it would: the target's entry is re-hashed where it changed, and
     # a corrupt one is discarded and rebuilt, never kept.
     target = planned.stage(planned.target)

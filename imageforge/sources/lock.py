@@ -38,7 +38,7 @@ from imageforge.model.inputs import defined_targets, stage_inputs
 from imageforge.model.manifest import Manifest, with_versions
 from imageforge.model.sourcetypes import GitSource, Source, UrlSource
 from imageforge.model.stage import Context, Stage
-from imageforge.sources import gitsource, lockcheck, piplock, tarcheck, upstream
+from imageforge.sources import extended, gitsource, lockcheck, piplock, tarcheck, upstream
 from imageforge.sources.download import download
 from imageforge.sources.sources import SourceCache
 from imageforge.textsafe import escaped, redact, shown
@@ -567,7 +567,7 @@ def _inspect_extended(manifest: Manifest, stages: Mapping[str, Stage]) -> dict[s
     ref = str(manifest.image["extends"])
     declared = extends.provided(manifest)
     try:
-        found = extends.inspect(ref, stages)
+        found = extended.inspect(ref, stages)
     except DockerError:
         if declared is None:
             raise

@@ -18,10 +18,9 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from imageforge.errors import DockerError, LockError, ManifestError, SourceError
-from imageforge.model import extends
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.sourcetypes import GitSource, UrlSource
-from imageforge.sources import lock, piplock, upstream
+from imageforge.sources import extended, lock, piplock, upstream
 from imageforge.sources.sources import SourceCache
 from sample.serve import ServerHandle
 from stages import STAGES, nccl_pytorch_pin
@@ -396,8 +395,8 @@ cat "$f"
 
 
 def _labels(**versions: str) -> dict[str, str]:
-    labels = {f"{extends.KEY_LABEL}{n}": "sha256:" + "0" * 64 for n in versions}
-    labels.update({f"{extends.VERSION_LABEL}{n}": v for n, v in versions.items() if v})
+    labels = {f"{extended.KEY_LABEL}{n}": "sha256:" + "0" * 64 for n in versions}
+    labels.update({f"{extended.VERSION_LABEL}{n}": v for n, v in versions.items() if v})
     return labels
 
 
