@@ -175,7 +175,7 @@ def render(c: Context, target: str | None = None, manifest: str | None = None,
           "tag": "image reference (default imageforge/<name>:<target>-<key>)",
           "builder": "buildx builder to use (default: the current one)",
           "progress": "auto (live table on a terminal), plain, or json lines",
-          "dry_run": "print each bake the build would run (command, bake file, Dockerfile), build nothing",
+          "dry_run": "print each bake it would run (command, bake file, Dockerfile), build nothing",
           "locked": "refuse a missing or stale lock file (what CI and nightly use)",
           "remote": REMOTE_HELP, "mirror": MIRROR_HELP,
           "layer_cache": "also keep BuildKit's layer cache per stage in this directory or "
