@@ -155,8 +155,9 @@ def chosen_deps(stages: Mapping[str, Stage],
                 tables: Mapping[str, Inputs]) -> Mapping[str, Stage]:
     """`stages`, each with the deps its `deps_for` picks for a manifest's stage tables; the
     same object when none changes (closures are remembered per registry object)."""
-    changed = {name: stage.deps_for(tables) for name, stage in stages.items()
-               if stage.deps_for is not None and stage.deps_for(tables) != stage.deps}
+    chosen = {name: stage.deps_for(tables) for name, stage in stages.items()
+              if stage.deps_for is not None}
+    changed = {name: deps for name, deps in chosen.items() if deps != stages[name].deps}
     if not changed:
         return stages
     return {name: dataclasses.replace(stage, deps=changed[name]) if name in changed else stage
