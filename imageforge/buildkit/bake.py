@@ -95,12 +95,16 @@ def run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *
 
     def once() -> int:
         other.clear()
+        progress.forget_errors()
         return _bake_once(argv, progress, env, other)
 
     def transient(code: int) -> str | None:
-        if code == 0 or any(s.state == "failed" for s in progress.stages.values()):
+        if code == 0:
             return None
-        return bakefail.transient("\n".join(other))
+        # BuildKit attaches a lost cache record to the step that read it, so a stage can fail
+        # for a reason another attempt gets past.
+        failed = [s.error or "" for s in progress.stages.values() if s.state == "failed"]
+        return bakefail.transient("\n".join(other), failed)
 
     code = retried(once, transient, outputs, "in the bake")
     if code == 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from imageforge import diskfull
@@ -66,16 +67,19 @@ _TRANSIENT = (
     # garbage collection (or another build) removed it meanwhile (moby/buildkit#3635, open;
     # depot's CLI retries it too). It came in a `make test` of this project after BuildKit
     # collected NCCL's layers: the rebuilt stage's dependent failed 558 s in, and passes when
-    # run again.
+    # run again. In a CI run BuildKit attached it to the step that read the record instead
+    # ("stage nccl-tests failed: failed to get state for index 1 on [nccl-tests 1/2]").
     (re.compile(r"failed to get state for index \d+ on "),
      "BuildKit lost a cache record it had matched (\"failed to get state for index\")"),
 )
 
 
-def transient(output: str) -> str | None:
-    """What went wrong, when a failed bake's `output` shows only failures another attempt gets
-    past (the first one's words); None when any error is another."""
+def transient(output: str, stage_errors: Sequence[str] = ()) -> str | None:
+    """What went wrong, when a failed bake's `output` and the errors BuildKit attached to its
+    stages' steps (`stage_errors`) show only failures another attempt gets past (the first
+    one's words); None when any error is another."""
     errors = [line for line in output.splitlines() if "ERROR" in line or "error:" in line]
+    errors += stage_errors
     found = [next((why for pattern, why in _TRANSIENT if pattern.search(line)), None)
              for line in errors]
     if not found or None in found:

@@ -143,6 +143,11 @@ class BuildProgress:
         """Mark a stage that comes from the artifact cache."""
         self.stages[name].reused = state
 
+    def forget_errors(self) -> None:
+        """A bake runs again: the errors of its earlier attempt no longer hold."""
+        for vertex in self._by_digest.values():
+            vertex.error = None
+
     def succeeded(self, names: Collection[str] | None = None) -> None:
         """A bake finished without error: settle its stages (`names`, or every stage) and
         show their final states. Bake reports a step shared by several targets once per

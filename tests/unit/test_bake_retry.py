@@ -13,6 +13,7 @@ from real failed runs (the second from a `make test` of this project)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -76,13 +77,22 @@ def _docker(tmp_path: Path, failures: list[str]) -> Path:
     return script
 
 
-def _bake(tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+def _bake(tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch,
+          progress: BuildProgress | None = None) -> int:
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
     # No engine API either: only this docker answers.
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
-    bake.run_bake([str(script), "buildx", "bake"], BuildProgress(["a"], "plain"), {},
-                    cache=tmp_path / "cache", push=None, outputs=[tmp_path / "out"])
+    bake.run_bake([str(script), "buildx", "bake"], progress or BuildProgress(["a"], "plain"),
+                  {}, cache=tmp_path / "cache", push=None, outputs=[tmp_path / "out"])
     return int((tmp_path / "count").read_text())
+
+
+def _step_failed(error: str) -> str:
+    """BuildKit's rawjson status for step 1 of stage a, ended by `error`."""
+    return json.dumps({"vertexes": [{
+        "digest": "sha256:" + "1" * 64, "name": "[a 1/2] COPY --from=nccl /out/ /",
+        "started": "2026-12-05T10:00:00.000000001Z",
+        "completed": "2026-12-05T10:00:31.000000001Z", "error": error}]})
 
 
 def test_a_bake_that_lost_the_lock_race_runs_again_from_clean_outputs(
@@ -113,5 +123,29 @@ def test_any_other_failure_is_not_retried(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     script = _docker(tmp_path, [f"{LOCKED.format(took='1s')}\n{STAGE_FAILED}"])
     with pytest.raises(BuildError, match="exit code: 2"):
+        _bake(tmp_path, script, monkeypatch)
+    assert (tmp_path / "count").read_text().strip() == "1"
+
+
+def test_a_stage_whose_step_lost_its_cache_record_runs_again_and_ends_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # BuildKit attached the lost record to the step that read it, as in a CI run of this
+    # suite: "stage nccl-tests failed: failed to get state for index 1 on [nccl-tests 1/2]".
+    lost = _step_failed("failed to get state for index 1 on [a 1/2] COPY --from=nccl /out/ /")
+    progress = BuildProgress(["a"], "plain")
+    script = _docker(tmp_path, [f"{lost}\nERROR: target a: failed to solve: failed to get "
+                                "state for index 1 on [a 1/2] COPY --from=nccl /out/ /"])
+    assert _bake(tmp_path, script, monkeypatch, progress) == 2
+    assert capsys.readouterr().err.count("lost a cache record") == 1
+    assert progress.stages["a"].state != "failed"
+    assert progress.stages["a"].error is None
+
+
+def test_a_stage_whose_step_failed_is_not_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = _step_failed('process "/bin/sh -c make" did not complete successfully: exit code: 2')
+    script = _docker(tmp_path, [f"{failed}\n{LOST_EDGE}"])
+    with pytest.raises(BuildError, match="stage a failed: process"):
         _bake(tmp_path, script, monkeypatch)
     assert (tmp_path / "count").read_text().strip() == "1"
