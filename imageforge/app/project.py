@@ -29,7 +29,7 @@ from imageforge.planning.execute import is_external, standalone_bake
 from imageforge.planning.labels import default_tag, labels
 from imageforge.planning.plan import Plan, Status, make_plan
 from imageforge.planning.render import render_dockerfile
-from imageforge.sources import lock, pinned
+from imageforge.sources import lockfile, lockresolve, locksettle, pinned
 from imageforge.sources import mirror as mirror_mod
 from imageforge.sources.manifestlock import ManifestLock, open_manifest
 from imageforge.sources.sources import SourceCache
@@ -96,14 +96,14 @@ def prepare(manifest: Manifest, registry: Mapping[str, Stage]) -> Manifest:
     return dataclasses.replace(manifest, stages=tables) if tables != manifest.stages else manifest
 
 
-def settle(settings: Settings, *, resolve: bool, target: str | None = None) -> lock.Settled:
+def settle(settings: Settings, *, resolve: bool, target: str | None = None) -> locksettle.Settled:
     """The lock applied to the effective manifest, after every compatibility rule passed.
     With `target`, only its stages' entries are resolved upstream: a one-stage fetch from a
     mirror must not need every other upstream."""
     opened = settings.opened
     loaded, path, current = opened.manifest, opened.path, opened.lock
     local = local_ids(settings, "record" if resolve else "read")
-    settled = lock.settle(loaded, current, settings.registry, local_id=local)
+    settled = locksettle.settle(loaded, current, settings.registry, local_id=local)
     rule_verdict(settled.manifest, settled.pins(), settings.registry)
     if resolve:
         # Before anything is downloaded: the download would fail blamed on upstream.
@@ -114,15 +114,15 @@ def settle(settings: Settings, *, resolve: bool, target: str | None = None) -> l
     elif resolve and settled.unresolved:
         # Only now, after the rules passed: resolving may download.
         pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
-        resolver = lock.Upstream(cache=source_cache(settings), stages=settings.registry)
+        resolver = lockresolve.Upstream(cache=source_cache(settings), stages=settings.registry)
         only = set(closure(target, settings.registry)) if target else None
-        settled = lock.settle(loaded, current, settings.registry, resolver, local, only=only)
+        settled = locksettle.settle(loaded, current, settings.registry, resolver, local, only=only)
         rule_verdict(settled.manifest, settled.pins(), settings.registry)
     _tell_stale(path, current, settled, resolved=resolve)
     return settled
 
 
-def _tell_stale(path: Path, current: lock.Lock | None, settled: lock.Settled, *,
+def _tell_stale(path: Path, current: lockfile.Lock | None, settled: locksettle.Settled, *,
                 resolved: bool) -> None:
     if not settled.stale:
         return
@@ -130,11 +130,11 @@ def _tell_stale(path: Path, current: lock.Lock | None, settled: lock.Settled, *,
            "not resolved by this command (`invoke build` resolves them)")
     what = (f"no {path.name}: its {len(settled.stale)} pins are" if current is None else
             f"{path.name}: {len(settled.stale)} stale entries "
-            f"({', '.join(lock.name(p) for p in settled.stale)})")
+            f"({', '.join(lockfile.name(p) for p in settled.stale)})")
     log.note(f"{what} {how}; `invoke lock` records them.")
 
 
-def local_ids(settings: Settings, mode: localimages.Mode) -> lock.LocalId:
+def local_ids(settings: Settings, mode: localimages.Mode) -> locksettle.LocalId:
     """This machine's IDs of local-only base images, from the local cache (not the lock)."""
     store = localimages.LocalImages(settings.cache_dir)
     return lambda ref: store.id_for(ref, mode)
@@ -231,31 +231,32 @@ def write_lock(settings: Settings, *, upgrade: bool,
                             "and a mirror holds only what a lock already pins; run `invoke lock` "
                             "without --mirror.")
     loaded = manifest_mod.load(settings.manifest, settings.overrides, registry=settings.registry)
-    path = lock.lock_path(settings.manifest)
+    path = lockfile.lock_path(settings.manifest)
     # A lock an older imageforge wrote is replaced whole.
-    previous = lock.read(path, old_ok=True)
+    previous = lockfile.read(path, old_ok=True)
     # Before anything is downloaded; PyTorch's NCCL pin is judged once it is resolved.
     rules.enforce(manifest_mod.with_versions(loaded, previous.versions() if previous else {},
                                              registry=settings.registry), None,
                   registry=settings.registry)
     pinned.verify_commits(loaded, settings.registry, source_cache(settings).locate_url)
-    settled = lock.resolve(loaded, settings.registry, source_cache(settings), previous,
+    settled = lockresolve.resolve(loaded, settings.registry, source_cache(settings), previous,
                            upgrade=upgrade, only=stages, local_id=local_ids(settings, "refresh"))
     new = settled.lock()
     rules.enforce(manifest_mod.with_versions(loaded, new.versions(), registry=settings.registry),
                   new.pins(), registry=settings.registry)
-    changes = lock.diff(previous, new, settings.registry)
+    changes = lockfile.diff(previous, new, settings.registry)
     # Same pins, same creation time: only a moved pin gives images a new date.
-    kept = previous.source_date_epoch if previous and not lock.pins_moved(previous, new) else None
+    moved = previous is None or lockfile.pins_moved(previous, new)
+    kept = previous.source_date_epoch if previous and not moved else None
     new = dataclasses.replace(new, source_date_epoch=kept or int(time.time()))
     # An unchanged lock is left untouched, byte for byte (a committed one stays clean).
-    if not path.exists() or path.read_text() != lock.text(new, loaded):
-        lock.write(path, new, loaded)
+    if not path.exists() or path.read_text() != lockfile.text(new, loaded):
+        lockfile.write(path, new, loaded)
         _reopen(settings)
     return path, changes
 
 
-def current_lock(settings: Settings) -> tuple[lock.Lock, str] | None:
+def current_lock(settings: Settings) -> tuple[lockfile.Lock, str] | None:
     """The lock when every entry the effective manifest needs is current, and the sha256 of
     its file."""
     opened = settings.opened
@@ -292,7 +293,7 @@ def check(settings: Settings) -> list[str]:
     raw, path, current = opened.manifest, opened.path, opened.lock
     if settings.locked:
         opened.check()
-    settled = lock.settle(raw, current, settings.registry,
+    settled = locksettle.settle(raw, current, settings.registry,
                           local_id=local_ids(settings, "read"))
     pins = settled.pins()
     # The rules judge what will be built: the versions `lock --upgrade` moved to, too.
@@ -317,11 +318,11 @@ def check(settings: Settings) -> list[str]:
     return lines
 
 
-def _lock_state(current: lock.Lock | None, settled: lock.Settled) -> str:
+def _lock_state(current: lockfile.Lock | None, settled: locksettle.Settled) -> str:
     if current is None:
         return "missing (run `invoke lock`)"
     if settled.stale or settled.unused:
-        return f"has {lock.describe(settled)} (run `invoke lock`)"
+        return f"has {locksettle.describe(settled)} (run `invoke lock`)"
     return "current"
 
 

@@ -11,7 +11,7 @@ from imageforge.docker import LABEL_PREFIX
 from imageforge.errors import FatalError
 from imageforge.planning import rules
 from imageforge.planning.plan import Plan
-from imageforge.sources.lock import Lock
+from imageforge.sources.lockfile import Lock
 
 
 def default_tag(planned: Plan) -> str:

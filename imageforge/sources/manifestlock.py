@@ -18,7 +18,7 @@ from pathlib import Path
 from imageforge.model import manifest as manifest_mod
 from imageforge.model.manifest import Manifest
 from imageforge.model.stage import Stage
-from imageforge.sources import lock as lockfile
+from imageforge.sources import lockfile, locksettle
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,9 +32,9 @@ class ManifestLock:
     digest: str | None
 
     @functools.cached_property
-    def settled(self) -> lockfile.Settled:
+    def settled(self) -> locksettle.Settled:
         """The lock applied entry by entry, resolving nothing (stale entries stay unpinned)."""
-        return lockfile.settle(self.manifest, self.lock, self.registry)
+        return locksettle.settle(self.manifest, self.lock, self.registry)
 
     @property
     def current(self) -> bool:
@@ -43,7 +43,7 @@ class ManifestLock:
 
     def check(self) -> None:
         """Refuse a missing lock, or one with stale or unused entries (`--locked`)."""
-        lockfile.check(self.manifest, self.lock, self.path, registry=self.registry,
+        locksettle.check(self.manifest, self.lock, self.path, registry=self.registry,
                        settled=self.settled if self.lock is not None else None)
 
 

@@ -44,7 +44,7 @@ from imageforge.model.sourcetypes import GitSource, Signature, Source, UrlSource
 from imageforge.model.stage import Context, Stage, filename_of
 from imageforge.sources import gitsource
 from imageforge.sources.download import download
-from imageforge.sources.lock import defined_stages
+from imageforge.sources.locksettle import defined_stages
 from imageforge.sources.sources import SourceCache
 from imageforge.textsafe import redact
 

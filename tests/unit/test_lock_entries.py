@@ -12,7 +12,7 @@ import pytest
 from imageforge.errors import LockError
 from imageforge.model.manifest import load
 from imageforge.planning.plan import make_plan
-from imageforge.sources import lock
+from imageforge.sources import lockfile, locksettle
 from stages import STAGES, nccl_pytorch_pin
 from tests.unit.conftest import ROOT
 
@@ -24,31 +24,32 @@ LOCAL_ID = "sha256:" + "1" * 64
 EFA_1_15_1 = ("stages.efa.version=1.15.1", "stages.efa.sha256=" + "9" * 64)
 
 
-def sample_lock() -> lock.Lock:
+def sample_lock() -> lockfile.Lock:
     """The sample's lock as `invoke lock` writes it: the manifest's own pins, the base image
     (local only: no digest) and the NCCL PyTorch 1.10.2 pins."""
     raw = load(SAMPLE, registry=STAGES)
-    entries = dict(lock.settle(raw, None, STAGES).entries)
-    entries[lock.BASE] = lock.Entry(origin={"ref": raw.image["base"]}, pin={"digest": None})
-    entries[NCCL_PIN] = lock.Entry(
+    entries = dict(locksettle.settle(raw, None, STAGES).entries)
+    entries[lockfile.BASE] = lockfile.Entry(origin={"ref": raw.image["base"]}, pin={"digest": None})
+    entries[NCCL_PIN] = lockfile.Entry(
         origin={"pytorch_version": "1.10.2", "pytorch_commit": raw.stages["pytorch"]["commit"],
                 "cuda": "11.3"},
         pin={"version": "2.10.3", "commit": NCCL_COMMIT, "evidence": {}})
     # Settled again: NCCL's own source is known once "auto" is.
-    return lock.Lock(entries=lock.settle(raw, lock.Lock(entries=entries), STAGES).entries)
+    settled = locksettle.settle(raw, lockfile.Lock(entries=entries), STAGES)
+    return lockfile.Lock(entries=settled.entries)
 
 
-def settled(overrides: Sequence[str] = (), manifest: Path = SAMPLE) -> lock.Settled:
-    return lock.settle(load(manifest, overrides, registry=STAGES), sample_lock(), STAGES,
+def settled(overrides: Sequence[str] = (), manifest: Path = SAMPLE) -> locksettle.Settled:
+    return locksettle.settle(load(manifest, overrides, registry=STAGES), sample_lock(), STAGES,
                        local_id=lambda _ref: LOCAL_ID)
 
 
-def stale(result: lock.Settled) -> set[str]:
+def stale(result: locksettle.Settled) -> set[str]:
     # Pip requirements are locked against PyPI, which unit tests do not reach.
-    return {lock.name(p) for p in result.stale if p[0] != "pip"}
+    return {lockfile.name(p) for p in result.stale if p[0] != "pip"}
 
 
-def keys(result: lock.Settled, target: str = "smddp") -> dict[str, str]:
+def keys(result: locksettle.Settled, target: str = "smddp") -> dict[str, str]:
     return {s.name: s.key for s in make_plan(result.manifest, target, STAGES).stages}
 
 
@@ -97,7 +98,7 @@ def test_pinning_nccl_to_the_commit_auto_resolved_gives_the_same_key() -> None:
 def test_lock_check_names_exactly_the_stale_entries(tmp_path: Path) -> None:
     raw = load(SAMPLE, EFA_1_15_1, registry=STAGES)
     with pytest.raises(LockError) as refused:
-        lock.check(raw, sample_lock(), tmp_path / "sample.lock.json", registry=STAGES)
+        locksettle.check(raw, sample_lock(), tmp_path / "sample.lock.json", registry=STAGES)
     message = str(refused.value)
     assert "stale entries stages.efa.src-efa" in message
     assert "invoke lock" in message
@@ -107,8 +108,8 @@ def test_lock_check_names_exactly_the_stale_entries(tmp_path: Path) -> None:
 
 def test_a_written_lock_reads_back_and_holds_no_machine_local_fact(tmp_path: Path) -> None:
     path = tmp_path / "sample.lock.json"
-    lock.write(path, sample_lock(), load(SAMPLE, registry=STAGES))
-    assert lock.read(path) == sample_lock()
+    lockfile.write(path, sample_lock(), load(SAMPLE, registry=STAGES))
+    assert lockfile.read(path) == sample_lock()
     assert LOCAL_ID not in path.read_text()
 
 
@@ -116,5 +117,5 @@ def test_an_old_lock_asks_for_invoke_lock(tmp_path: Path) -> None:
     path = tmp_path / "sample.lock.json"
     path.write_text(json.dumps({"format": 1, "stages": {}}))
     with pytest.raises(LockError, match=r"lock format 1, not 2; run `invoke lock`"):
-        lock.read(path)
-    assert lock.read(path, old_ok=True) is None
+        lockfile.read(path)
+    assert lockfile.read(path, old_ok=True) is None

@@ -62,7 +62,7 @@ CASES = [
      "stages.nccl-tests.src-nccl-tests.commit"),
     (TORCH, _set("source_date_epoch", value="yesterday"), "source_date_epoch 'yesterday'"),
     (SAMPLE, _set("base", "digest", value="sha256:" + "A" * 64), "base.digest"),
-    # Found by tests/unit/test_hostile_records.py: a KeyError while settling.
+    # Found by tests/unit/test_hostile_records.py: a KeyError while locksettle.
     (TORCH, _del("pip", "pytorch", "packages"), "pip.pytorch.packages: missing"),
 ]
 
@@ -93,10 +93,10 @@ def test_a_bad_value_in_the_lock_is_refused_naming_file_and_entry(
 
 
 def test_every_committed_lock_passes() -> None:
-    from imageforge.sources import lock
+    from imageforge.sources import lockfile
 
     for path in sorted((ROOT / "manifests").glob("*.lock.json")):
-        assert lock.read(path) is not None, path
+        assert lockfile.read(path) is not None, path
 
 
 @pytest.mark.parametrize("kind", ["a link to /dev/zero", "a directory", "over the size cap"])

@@ -13,7 +13,7 @@ import pytest
 
 from imageforge.app import project
 from imageforge.errors import LockError, UsageError
-from imageforge.sources import lock
+from imageforge.sources import lockfile
 from stages import STAGES
 from tests.unit.conftest import ROOT
 
@@ -62,7 +62,7 @@ def test_a_new_settings_reads_again_and_a_written_lock_is_read_anew(
         sample: Path, tmp_path: Path) -> None:
     settings = project.Settings(registry=STAGES, manifest=sample, cache_dir=tmp_path / "cache")
     assert project.current_lock(settings) is not None
-    lock_path = lock.lock_path(sample)
+    lock_path = lockfile.lock_path(sample)
     lock_path.write_text("{}")
     # Same command: the lock it opened is the one it keeps using.
     assert project.current_lock(settings) is not None

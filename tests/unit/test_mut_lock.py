@@ -1,5 +1,5 @@
-"""The lock's own bookkeeping, fast and in process (imageforge/sources/lock.py): how a lock file is
-written (whole, indented, beside the manifest's lock), what `diff` says for every kind of
+"""The lock's own bookkeeping, fast and in process (imageforge/sources/lock*.py): how a lock
+file is written (whole, indented, beside the manifest's lock), what `diff` says for every kind of
 entry, when pins moved, how stale and unused entries are named, and what the upstream
 resolver answers from an entry it already has without asking upstream."""
 
@@ -20,7 +20,7 @@ from pytest_httpserver import HTTPServer
 from imageforge.errors import DockerError, LockError, ManifestError, SourceError
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.sourcetypes import GitSource, UrlSource
-from imageforge.sources import extended, lock, piplock, upstream
+from imageforge.sources import extended, lockfile, lockresolve, locksettle, piplock, upstream
 from imageforge.sources.sources import SourceCache
 from sample.serve import ServerHandle
 from stages import STAGES, nccl_pytorch_pin
@@ -36,16 +36,16 @@ SHA_B = "2" * 64
 NCCL_COMMIT = "507f9c571bb959fce87c3bfce0e3da9afa344c65"  # what the sample's PyTorch pins
 
 
-def entry(origin: dict[str, object], **pin: object) -> lock.Entry:
-    return lock.Entry(origin=origin, pin=pin)
+def entry(origin: dict[str, object], **pin: object) -> lockfile.Entry:
+    return lockfile.Entry(origin=origin, pin=pin)
 
 
 def test_text_is_the_lock_as_two_space_indented_json_with_a_final_newline() -> None:
     manifest = load(SAMPLE, registry=STAGES)
-    the_lock = lock.Lock(entries={("stages", "efa", "src-efa"): entry({"url": "u"}, sha256="x"),
-                                  lock.BASE: entry({"ref": "r"}, digest=None)},
+    the_lock = lockfile.Lock(entries={("stages", "efa", "src-efa"): entry({"url": "u"}, sha256="x"),
+                                  lockfile.BASE: entry({"ref": "r"}, digest=None)},
                          source_date_epoch=7)
-    written = lock.text(the_lock, manifest)
+    written = lockfile.text(the_lock, manifest)
     assert written == json.dumps(the_lock.to_json(manifest), indent=2) + "\n"
     assert written.startswith('{\n  "format": 2,\n  "manifest": "sample.toml",\n')
     assert json.loads(written)["stages"]["efa"]["src-efa"] == {"from": {"url": "u"},
@@ -56,9 +56,9 @@ def test_write_replaces_the_file_whole_and_leaves_no_temp_file(tmp_path: Path) -
     manifest = load(SAMPLE, registry=STAGES)
     path = tmp_path / "sample.lock.json"
     path.write_text("old")
-    the_lock = lock.Lock(entries={lock.BASE: entry({"ref": "r"}, digest="sha256:" + SHA_A)})
-    lock.write(path, the_lock, manifest)
-    assert path.read_text() == lock.text(the_lock, manifest)
+    the_lock = lockfile.Lock(entries={lockfile.BASE: entry({"ref": "r"}, digest="sha256:" + SHA_A)})
+    lockfile.write(path, the_lock, manifest)
+    assert path.read_text() == lockfile.text(the_lock, manifest)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sample.lock.json"]
 
 
@@ -67,9 +67,9 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path: Path) -> 
     path = tmp_path / "sample.lock.json"
     path.write_text("old")
     # A pin that JSON cannot hold: text() fails while the temp file is open.
-    broken = lock.Lock(entries={lock.BASE: entry({"ref": "r"}, digest=object())})
+    broken = lockfile.Lock(entries={lockfile.BASE: entry({"ref": "r"}, digest=object())})
     with pytest.raises(TypeError):
-        lock.write(path, broken, manifest)
+        lockfile.write(path, broken, manifest)
     assert path.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sample.lock.json"]
 
@@ -87,7 +87,7 @@ def test_write_makes_its_temp_file_beside_the_lock(tmp_path: Path,
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    lock.write(path, lock.Lock(entries={}), manifest)
+    lockfile.write(path, lockfile.Lock(entries={}), manifest)
     (src, dst), = renames
     assert dst == path
     assert src.parent == tmp_path
@@ -98,31 +98,31 @@ def test_write_makes_its_temp_file_beside_the_lock(tmp_path: Path,
 def test_check_refuses_a_missing_lock_naming_both_files(tmp_path: Path) -> None:
     manifest = load(SAMPLE, registry=STAGES)
     with pytest.raises(LockError) as info:
-        lock.check(manifest, None, tmp_path / "x.lock.json", registry=STAGES)
+        locksettle.check(manifest, None, tmp_path / "x.lock.json", registry=STAGES)
     assert str(info.value) == (f"{tmp_path / 'x.lock.json'}: no lock file for {manifest.path}; "
                                "run `invoke lock`.")
 
 
-def _settled(stale: tuple[lock.EntryPath, ...], unused: tuple[lock.EntryPath, ...]
-             ) -> lock.Settled:
-    return lock.Settled(manifest=load(SAMPLE, registry=STAGES), entries={}, stale=stale,
+def _settled(stale: tuple[lockfile.EntryPath, ...], unused: tuple[lockfile.EntryPath, ...]
+             ) -> locksettle.Settled:
+    return locksettle.Settled(manifest=load(SAMPLE, registry=STAGES), entries={}, stale=stale,
                         unresolved=(), unused=unused)
 
 
 def test_describe_names_stale_and_unused_entries() -> None:
     s = ("stages", "efa", "src-efa")
     n = ("stages", "nccl", "src-nccl")
-    assert lock.describe(_settled((s, lock.BASE), ())) == \
+    assert locksettle.describe(_settled((s, lockfile.BASE), ())) == \
         "stale entries stages.efa.src-efa, base"
-    assert lock.describe(_settled((), (n, NCCL_PIN))) == \
+    assert locksettle.describe(_settled((), (n, NCCL_PIN))) == \
         "unused entries stages.nccl.src-nccl, nccl_pytorch_pin"
-    assert lock.describe(_settled((s,), (n,))) == \
+    assert locksettle.describe(_settled((s,), (n,))) == \
         "stale entries stages.efa.src-efa; unused entries stages.nccl.src-nccl"
-    assert lock.describe(_settled((), ())) == ""
+    assert locksettle.describe(_settled((), ())) == ""
 
 
 def test_section_and_versions_read_the_upgraded_entries() -> None:
-    the_lock = lock.Lock(entries={
+    the_lock = lockfile.Lock(entries={
         ("upgraded", "efa"): entry({"version": "1.14.1", "policy": "minor"}, to="1.15.0"),
         ("upgraded", "nccl"): entry({"version": "2.10.3", "policy": "patch"}, to="2.10.4"),
         ("stages", "efa", "src-efa"): entry({"url": "u"}, sha256="x"),
@@ -136,40 +136,41 @@ def test_section_and_versions_read_the_upgraded_entries() -> None:
 
 
 def test_pins_moved_only_when_a_pin_differs_or_an_entry_goes() -> None:
-    old = lock.Lock(entries={lock.BASE: entry({"ref": "r"}, digest="d1"),
+    old = lockfile.Lock(entries={lockfile.BASE: entry({"ref": "r"}, digest="d1"),
                              ("stages", "efa", "src-efa"): entry({"url": "u1"}, sha256="x")})
-    same_pins_new_origin = lock.Lock(entries={
-        lock.BASE: entry({"ref": "r"}, digest="d1"),
+    same_pins_new_origin = lockfile.Lock(entries={
+        lockfile.BASE: entry({"ref": "r"}, digest="d1"),
         ("stages", "efa", "src-efa"): entry({"url": "mirror"}, sha256="x")})
-    assert not lock.pins_moved(old, same_pins_new_origin)
-    assert lock.pins_moved(old, lock.Lock(entries={
-        lock.BASE: entry({"ref": "r"}, digest="d2"),
+    assert not lockfile.pins_moved(old, same_pins_new_origin)
+    assert lockfile.pins_moved(old, lockfile.Lock(entries={
+        lockfile.BASE: entry({"ref": "r"}, digest="d2"),
         ("stages", "efa", "src-efa"): entry({"url": "u1"}, sha256="x")}))
-    assert lock.pins_moved(old, lock.Lock(entries={lock.BASE: entry({"ref": "r"}, digest="d1")}))
-    assert lock.pins_moved(None, old)
-    assert not lock.pins_moved(None, lock.Lock(entries={}))
+    assert lockfile.pins_moved(
+        old, lockfile.Lock(entries={lockfile.BASE: entry({"ref": "r"}, digest="d1")}))
+    assert lockfile.pins_moved(None, old)
+    assert not lockfile.pins_moved(None, lockfile.Lock(entries={}))
 
 
 def test_diff_describes_each_kind_of_entry() -> None:
     src = ("stages", "efa", "src-efa")
     git = ("stages", "nccl", "src-nccl")
-    old = lock.Lock(entries={
+    old = lockfile.Lock(entries={
         src: entry({"url": "u1"}, sha256=SHA_A),
         git: entry({"repo": "r", "ref": "v1"}, commit=A),
-        lock.BASE: entry({"ref": "img:1"}, digest="sha256:" + SHA_A),
+        lockfile.BASE: entry({"ref": "img:1"}, digest="sha256:" + SHA_A),
         ("upgraded", "efa"): entry({"version": "1.14.1", "policy": "minor"}, to="1.15.0"),
         NCCL_PIN: entry({"pytorch_commit": A}, version="2.10.3", commit=A),
         ("extends",): entry({"ref": "x"}, digest=None, provides=["a"]),
     })
-    new = lock.Lock(entries={
+    new = lockfile.Lock(entries={
         src: entry({"url": "u2"}, sha256=SHA_A),
         git: entry({"repo": "r", "ref": "v2"}, commit=B),
-        lock.BASE: entry({"ref": "img:1"}, digest="sha256:" + SHA_B),
+        lockfile.BASE: entry({"ref": "img:1"}, digest="sha256:" + SHA_B),
         ("upgraded", "nccl"): entry({"version": "2.10.3", "policy": "patch"}, to="2.10.4"),
         NCCL_PIN: entry({"pytorch_commit": B}, version="2.18.1", commit=B),
         ("extends",): entry({"ref": "x"}, digest=None, provides=["a"], versions={}),
     })
-    assert lock.diff(old, new, STAGES) == [
+    assert lockfile.diff(old, new, STAGES) == [
         "base: sha256:" + SHA_A + " -> sha256:" + SHA_B,
         "extends: digest None -> digest None",
         f"nccl pinned by pytorch: 2.10.3 -> 2.18.1 ({B})",
@@ -182,37 +183,37 @@ def test_diff_describes_each_kind_of_entry() -> None:
 
 def test_diff_from_nothing_and_to_nothing() -> None:
     src = ("stages", "efa", "src-efa")
-    new = lock.Lock(entries={
+    new = lockfile.Lock(entries={
         src: entry({"url": "u"}, sha256=SHA_A),
         NCCL_PIN: entry({}, version="2.10.3", commit=A),
         ("upgraded", "efa"): entry({"version": "1.14.1", "policy": "minor"}, to="1.15.0"),
         ("custom", "thing"): entry({}, level=3, nested={"x": 1}),
     })
-    assert lock.diff(None, new, STAGES) == [
+    assert lockfile.diff(None, new, STAGES) == [
         "custom.thing: (none) -> level 3",
         f"nccl pinned by pytorch: None -> 2.10.3 ({A})",
         f"efa: src-efa (none) -> {SHA_A}",
         "efa: 1.14.1 -> 1.15.0 (policy minor)",
     ]
-    assert lock.diff(new, lock.Lock(entries={}), STAGES) == [
+    assert lockfile.diff(new, lockfile.Lock(entries={}), STAGES) == [
         "custom.thing: level 3 -> (none)",
         "nccl pinned by pytorch: 2.10.3 -> None (None)",
         f"efa: src-efa {SHA_A} -> (none)",
         "efa: 1.15.0 -> 1.14.1 (the manifest's version)",
     ]
-    assert lock.diff(new, new) == []
+    assert lockfile.diff(new, new) == []
 
 
 def test_renewed_is_every_stage_or_the_named_ones_and_refuses_unknown(tmp_path: Path) -> None:
     manifest = load(SAMPLE, registry=STAGES)
     cache = SourceCache(tmp_path)
     names = ["base", "efa", "nccl"]
-    assert lock.Upstream(cache=cache, stages=STAGES).renewed(manifest, names) == []
-    up = lock.Upstream(cache=cache, stages=STAGES, upgrade=True)
+    assert lockresolve.Upstream(cache=cache, stages=STAGES).renewed(manifest, names) == []
+    up = lockresolve.Upstream(cache=cache, stages=STAGES, upgrade=True)
     assert up.renewed(manifest, names) == names
-    only = lock.Upstream(cache=cache, stages=STAGES, upgrade=True, only=("nccl",))
+    only = lockresolve.Upstream(cache=cache, stages=STAGES, upgrade=True, only=("nccl",))
     assert only.renewed(manifest, names) == ["nccl"]
-    bad = lock.Upstream(cache=cache, stages=STAGES, upgrade=True, only=("nccl", "gdr", "x"))
+    bad = lockresolve.Upstream(cache=cache, stages=STAGES, upgrade=True, only=("nccl", "gdr", "x"))
     with pytest.raises(ManifestError) as info:
         bad.renewed(manifest, names)
     assert str(info.value) == (f"--stage gdr: {manifest.path} defines no such stage; use one "
@@ -220,7 +221,7 @@ def test_renewed_is_every_stage_or_the_named_ones_and_refuses_unknown(tmp_path: 
 
 
 def test_the_resolver_keeps_what_an_entry_already_pins(tmp_path: Path) -> None:
-    up = lock.Upstream(cache=SourceCache(tmp_path), stages=STAGES)
+    up = lockresolve.Upstream(cache=SourceCache(tmp_path), stages=STAGES)
     manifest = load(SAMPLE, registry=STAGES)
     old_url = entry({"url": "u"}, sha256=SHA_A, extra=1)
     url = UrlSource(name="src-x", url=str(tmp_path / "nowhere.bin"), sha256=None,
@@ -237,7 +238,7 @@ def test_the_resolver_keeps_what_an_entry_already_pins(tmp_path: Path) -> None:
 
 def test_a_base_digest_comes_from_the_reference_or_the_registry(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert lock._base_digest("img:1@sha256:" + SHA_A) == "sha256:" + SHA_A
+    assert lockresolve._base_digest("img:1@sha256:" + SHA_A) == "sha256:" + SHA_A
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     docker = bin_dir / "docker"
@@ -251,7 +252,7 @@ def test_a_base_digest_comes_from_the_reference_or_the_registry(
     def answer(code: int, out: str) -> str | None:
         (tmp_path / "code").write_text(str(code))
         (tmp_path / "out").write_text(out)
-        return lock._base_digest("img:1")
+        return lockresolve._base_digest("img:1")
 
     assert answer(0, json.dumps("sha256:" + SHA_B)) == "sha256:" + SHA_B
     assert (tmp_path / "args").read_text().splitlines() == [
@@ -263,16 +264,16 @@ def test_a_base_digest_comes_from_the_reference_or_the_registry(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     # No engine API either: only this docker answers.
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
-    assert lock._base_digest("img:1") is None
+    assert lockresolve._base_digest("img:1") is None
 
 
 def test_apply_is_the_manifest_with_the_current_entries() -> None:
     manifest = load(SAMPLE, registry=STAGES)
     base = entry({"ref": str(manifest.image["base"])}, digest="sha256:" + SHA_A)
-    applied = lock.apply(manifest, lock.Lock(entries={lock.BASE: base}), STAGES)
+    applied = locksettle.apply(manifest, lockfile.Lock(entries={lockfile.BASE: base}), STAGES)
     assert applied.image["base_digest"] == "sha256:" + SHA_A
     stale = entry({"ref": "another:tag"}, digest="sha256:" + SHA_A)
-    assert lock.apply(manifest, lock.Lock(entries={lock.BASE: stale}),
+    assert locksettle.apply(manifest, lockfile.Lock(entries={lockfile.BASE: stale}),
                       STAGES).image.get("base_digest") == manifest.image.get("base_digest") is None
 
 
@@ -290,7 +291,7 @@ def test_an_unpinned_file_is_hashed_once_and_kept_in_the_source_cache(tmp_path: 
     release.parent.mkdir()
     release.write_bytes(body)
     cache = SourceCache(tmp_path / "cache")
-    up = lock.Upstream(cache=cache, stages=STAGES)
+    up = lockresolve.Upstream(cache=cache, stages=STAGES)
     source = UrlSource(name="src-tool", url=str(release), sha256=None, filename="tool-1.0.bin")
     digest = hashlib.sha256(body).hexdigest()
     assert up.source(source, None) == {"sha256": digest}
@@ -311,7 +312,7 @@ def test_an_unpinned_hostile_tarball_is_refused_naming_its_url(tmp_path: Path) -
     cache = SourceCache(tmp_path / "cache")
     source = UrlSource(name="src-evil", url=str(bad), sha256=None, filename="evil.tar")
     with pytest.raises(SourceError) as err:
-        lock.Upstream(cache=cache, stages=STAGES).source(source, None)
+        lockresolve.Upstream(cache=cache, stages=STAGES).source(source, None)
     assert str(err.value).startswith(f"source src-evil ({bad}) was refused: member '../escape'")
     assert not (tmp_path / "cache" / "sha256").exists() or \
         list((tmp_path / "cache" / "sha256").iterdir()) == []
@@ -326,7 +327,7 @@ def test_a_ref_resolves_to_its_commit_and_a_moved_tag_is_refused(tmp_path: Path)
     _git(repo, "commit", "-q", "-m", "one")
     _git(repo, "tag", "v1")
     first = _git(repo, "rev-parse", "HEAD")
-    up = lock.Upstream(cache=SourceCache(tmp_path / "cache"), stages=STAGES)
+    up = lockresolve.Upstream(cache=SourceCache(tmp_path / "cache"), stages=STAGES)
     source = GitSource(name="src-x", repo=str(repo), ref="v1", commit=None)
     assert up.source(source, None) == {"commit": first}
     assert up.source(source, entry({"repo": str(repo), "ref": "v1"}, commit=first)) == \
@@ -350,7 +351,7 @@ def test_the_nccl_pin_is_read_from_pytorch_and_recorded_with_redacted_repos(
     source = GitSource(name="src-pytorch", repo=str(pytorch["repo"]),
                        ref=f"v{pytorch['version']}", commit=str(pytorch["commit"]))
     assert nccl_pytorch_pin._pytorch(manifest, STAGES)[1] == source
-    up = lock.Upstream(cache=SourceCache(tmp_path / "cache"), stages=STAGES)
+    up = lockresolve.Upstream(cache=SourceCache(tmp_path / "cache"), stages=STAGES)
     pin = up.lock_pin(nccl_pytorch_pin.PIN, manifest, STAGES, None)
     assert (pin["version"], pin["commit"]) == ("2.10.3", NCCL_COMMIT)
     evidence = pin["evidence"]
@@ -407,12 +408,12 @@ def test_an_extended_image_in_a_registry_is_pinned_by_digest_with_its_labels(
         "manifest": {"digest": digest},
         "image": {"config": {"Labels": _labels(python="3.8", efa="")}}})
     manifest = load(_extending(tmp_path, None), registry=STAGES)
-    up = lock.Upstream(cache=SourceCache(tmp_path / "cache"), stages=STAGES)
+    up = lockresolve.Upstream(cache=SourceCache(tmp_path / "cache"), stages=STAGES)
     in_stage_order = [n for n in STAGES if n in ("efa", "python")]
     assert up.extended(manifest, None) == {"digest": digest, "provides": in_stage_order,
                                            "versions": {"python": "3.8"}}
     declared = load(_extending(tmp_path, '["efa"]'), registry=STAGES)
-    assert lock._inspect_extended(declared, STAGES) == {
+    assert lockresolve._inspect_extended(declared, STAGES) == {
         "digest": digest, "provides": ["efa"], "versions": {"python": "3.8"}}
 
 
@@ -421,7 +422,7 @@ def test_a_local_extended_image_is_recorded_without_its_machine_local_id(
     _docker_images(tmp_path, monkeypatch, local={
         "Id": "sha256:" + SHA_B, "Config": {"Labels": _labels(efa="1.14.1")}})
     manifest = load(_extending(tmp_path, None), registry=STAGES)
-    assert lock._inspect_extended(manifest, STAGES) == {
+    assert lockresolve._inspect_extended(manifest, STAGES) == {
         "digest": None, "provides": ["efa"], "versions": {"efa": "1.14.1"}}
 
 
@@ -429,9 +430,9 @@ def test_an_extended_image_nowhere_to_be_seen_needs_declared_provides(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _docker_images(tmp_path, monkeypatch)
     with pytest.raises(DockerError):
-        lock._inspect_extended(load(_extending(tmp_path, None), registry=STAGES), STAGES)
+        lockresolve._inspect_extended(load(_extending(tmp_path, None), registry=STAGES), STAGES)
     declared = load(_extending(tmp_path, '["efa", "python"]'), registry=STAGES)
-    assert lock._inspect_extended(declared, STAGES) == {
+    assert lockresolve._inspect_extended(declared, STAGES) == {
         "digest": None, "provides": ["efa", "python"], "versions": {}}
 
 
@@ -441,7 +442,7 @@ def test_an_extended_image_with_another_version_than_the_manifest_pins_is_refuse
         "Id": "sha256:" + SHA_B, "Config": {"Labels": _labels(efa="1.0.0")}})
     manifest = load(_extending(tmp_path, None), registry=STAGES)
     with pytest.raises(ManifestError, match=r"already has efa 1\.0\.0"):
-        lock._inspect_extended(manifest, STAGES)
+        lockresolve._inspect_extended(manifest, STAGES)
 
 
 @pytest.mark.parametrize(("data", "why"), [
@@ -454,7 +455,7 @@ def test_a_malformed_lock_names_the_entry(tmp_path: Path, data: object, why: str
     path = tmp_path / "x.lock.json"
     path.write_text(json.dumps(data))
     with pytest.raises(LockError) as info:
-        lock.read(path)
+        lockfile.read(path)
     assert str(info.value) == (f"{path}: not a valid imageforge lock file ({why}); delete it and "
                                "run `invoke lock`.")
 
@@ -465,39 +466,39 @@ def test_fill_takes_the_lock_pin_unless_the_manifest_gives_one() -> None:
                    pin_key="s3_plugin_sha256")
     git = GitSource(name="src-nccl", repo="r", ref="v1", commit=None)
     values: dict[str, object] = {"sha256": None}
-    lock._fill(values, url, {"sha256": SHA_A, "commit": A})
-    lock._fill(values, s3, {"sha256": SHA_B})
-    lock._fill(values, git, {"commit": B, "sha256": SHA_A})
+    locksettle._fill(values, url, {"sha256": SHA_A, "commit": A})
+    locksettle._fill(values, s3, {"sha256": SHA_B})
+    locksettle._fill(values, git, {"commit": B, "sha256": SHA_A})
     assert values == {"sha256": SHA_A, "s3_plugin_sha256": SHA_B, "commit": B}
     given: dict[str, object] = {"sha256": "given", "commit": "given"}
-    lock._fill(given, url, {"sha256": SHA_A})
-    lock._fill(given, git, {"commit": B})
-    lock._fill(given, s3, {})
+    locksettle._fill(given, url, {"sha256": SHA_A})
+    locksettle._fill(given, git, {"commit": B})
+    locksettle._fill(given, s3, {})
     assert given == {"sha256": "given", "commit": "given"}
 
 
 def test_settle_pins_each_source_from_the_lock_and_names_what_is_missing() -> None:
     manifest = load(ROOT / "manifests/smddp.toml", registry=STAGES)
-    first = lock.settle(manifest, None, STAGES)
+    first = locksettle.settle(manifest, None, STAGES)
     assert NCCL_PIN in first.stale
     assert NCCL_PIN in first.unresolved
     assert None not in first.stale
     assert None not in first.unresolved
     smddp = manifest.stages["smddp"]
-    entries: dict[lock.EntryPath, lock.Entry] = {
+    entries: dict[lockfile.EntryPath, lockfile.Entry] = {
         ("stages", "smddp", "src-smddp"): entry({"url": smddp["url"]}, sha256=SHA_A),
         ("stages", "smddp", "src-smddp-s3"): entry({"url": smddp["s3_plugin_url"]},
                                                   sha256=SHA_B),
     }
-    settled = lock.settle(manifest, lock.Lock(entries=entries), STAGES)
+    settled = locksettle.settle(manifest, lockfile.Lock(entries=entries), STAGES)
     assert settled.manifest.stages["smddp"]["sha256"] == SHA_A
     assert settled.manifest.stages["smddp"]["s3_plugin_sha256"] == SHA_B
     assert ("stages", "smddp", "src-smddp") not in settled.stale
 
 
 def test_the_locks_own_sections_pins() -> None:
-    assert lock.Lock(entries={}).pins() == {}
-    the_lock = lock.Lock(entries={NCCL_PIN: entry({}, version="2.10.3", commit=A,
+    assert lockfile.Lock(entries={}).pins() == {}
+    the_lock = lockfile.Lock(entries={NCCL_PIN: entry({}, version="2.10.3", commit=A,
                                                   evidence={"method": "submodule"}),
                                   ("stages", "efa", "src-efa"): entry({}, sha256=SHA_A)})
     assert the_lock.pins() == {nccl_pytorch_pin.ENTRY: {
@@ -506,7 +507,7 @@ def test_the_locks_own_sections_pins() -> None:
 
 def test_with_nccl_pin_replaces_auto_only() -> None:
     auto = load(ROOT / "manifests/smddp.toml", ["stages.nccl.version=auto"], registry=STAGES)
-    pin = lock.Lock(entries={NCCL_PIN: entry({}, version="2.10.3", commit=A)}).pins()[
+    pin = lockfile.Lock(entries={NCCL_PIN: entry({}, version="2.10.3", commit=A)}).pins()[
         nccl_pytorch_pin.ENTRY]
     resolved = nccl_pytorch_pin.apply(auto, pin)
     assert {k: resolved.stages["nccl"][k] for k in ("version", "commit", "ref")} == {
@@ -516,12 +517,12 @@ def test_with_nccl_pin_replaces_auto_only() -> None:
 
 
 class Recording:
-    """A resolver (lock.Resolver) that answers from the source's name and records what it
+    """A resolver (locksettle.Resolver) that answers from the source's name and records what it
     was asked: settle is what is under test, upstream is not."""
 
     def __init__(self, *, revisit: bool = False) -> None:
         self.revisit = revisit
-        self.calls: list[tuple[str, str, lock.Entry | None]] = []
+        self.calls: list[tuple[str, str, lockfile.Entry | None]] = []
 
     def renewed(self, _manifest: object, _names: object) -> list[str]:
         return []
@@ -529,26 +530,26 @@ class Recording:
     def upgrades(self, _manifest: object, _registry: object, _names: object) -> list[object]:
         return []
 
-    def source(self, source: UrlSource | GitSource, old: lock.Entry | None) -> dict[str, str]:
+    def source(self, source: UrlSource | GitSource, old: lockfile.Entry | None) -> dict[str, str]:
         self.calls.append(("source", source.name, old))
         digest = hashlib.sha256(source.name.encode()).hexdigest()
         return {"sha256": digest} if isinstance(source, UrlSource) else {"commit": digest[:40]}
 
-    def base(self, ref: str, old: lock.Entry | None) -> dict[str, str]:
+    def base(self, ref: str, old: lockfile.Entry | None) -> dict[str, str]:
         self.calls.append(("base", ref, old))
         return {"digest": "sha256:" + SHA_B}
 
-    def extended(self, _manifest: object, _old: lock.Entry | None) -> dict[str, object]:
+    def extended(self, _manifest: object, _old: lockfile.Entry | None) -> dict[str, object]:
         raise AssertionError("nothing here extends an image")
 
     def lock_pin(self, pin: object, manifest: object, _registry: object,
-                 old: lock.Entry | None) -> dict[str, object]:
+                 old: lockfile.Entry | None) -> dict[str, object]:
         assert pin is nccl_pytorch_pin.PIN
         assert isinstance(manifest, Manifest)
         self.calls.append(("nccl_pin", str(manifest.stages["pytorch"]["commit"]), old))
         return {"version": "2.10.3", "commit": NCCL_COMMIT, "evidence": {}}
 
-    def pip(self, stage: str, _origin: object, old: lock.Entry | None) -> dict[str, object]:
+    def pip(self, stage: str, _origin: object, old: lockfile.Entry | None) -> dict[str, object]:
         self.calls.append(("pip", stage, old))
         return {"packages": []}
 
@@ -559,7 +560,7 @@ def _smddp(*overrides: str) -> Manifest:
 
 def test_settle_asks_the_resolver_once_for_each_missing_pin() -> None:
     resolver = Recording()
-    settled = lock.settle(_smddp(), None, STAGES, resolver)  # type: ignore[arg-type]
+    settled = locksettle.settle(_smddp(), None, STAGES, resolver)  # type: ignore[arg-type]
     assert settled.unresolved == ()
     asked = [(kind, what) for kind, what, _ in resolver.calls]
     assert len(asked) == len(set(asked))
@@ -578,17 +579,17 @@ def test_settle_asks_the_resolver_once_for_each_missing_pin() -> None:
     assert set(settled.stale) == set(settled.entries)
 
     again = Recording()
-    current = lock.settle(_smddp(), settled.lock(), STAGES, again)  # type: ignore[arg-type]
+    current = locksettle.settle(_smddp(), settled.lock(), STAGES, again)  # type: ignore[arg-type]
     assert again.calls == []
     assert current.stale == ()
     assert current.unused == ()
     assert current.manifest == settled.manifest
 
     revisit = Recording(revisit=True)
-    lock.settle(_smddp(), settled.lock(), STAGES, revisit)  # type: ignore[arg-type]
+    locksettle.settle(_smddp(), settled.lock(), STAGES, revisit)  # type: ignore[arg-type]
     assert sorted((k, w) for k, w, _ in revisit.calls) == sorted(asked)
     for kind, what, old in revisit.calls:
-        path = {"base": lock.BASE, "nccl_pin": NCCL_PIN}.get(kind)
+        path = {"base": lockfile.BASE, "nccl_pin": NCCL_PIN}.get(kind)
         if path is None:
             path = next(p for p in settled.entries if p[-1] == what)
         assert old == settled.entries[path], (kind, what)
@@ -596,9 +597,9 @@ def test_settle_asks_the_resolver_once_for_each_missing_pin() -> None:
 
 def test_with_nccl_auto_every_stage_is_still_pinned() -> None:
     resolver = Recording()
-    auto = lock.settle(_smddp("stages.nccl.version=auto"), None, STAGES,
+    auto = locksettle.settle(_smddp("stages.nccl.version=auto"), None, STAGES,
                        resolver)  # type: ignore[arg-type]
-    plain = lock.settle(_smddp(), None, STAGES, Recording())  # type: ignore[arg-type]
+    plain = locksettle.settle(_smddp(), None, STAGES, Recording())  # type: ignore[arg-type]
     assert auto.unresolved == ()
     assert set(auto.entries) == set(plain.entries) | {NCCL_PIN}
     assert auto.manifest.stages["nccl"]["version"] == "2.10.3"
@@ -612,28 +613,29 @@ def test_a_base_digest_the_manifest_gives_is_not_asked_for() -> None:
     manifest = _smddp()
     manifest = dataclasses.replace(manifest, image={**manifest.image, "base_digest": given})
     resolver = Recording()
-    settled = lock.settle(manifest, None, STAGES, resolver)  # type: ignore[arg-type]
+    settled = locksettle.settle(manifest, None, STAGES, resolver)  # type: ignore[arg-type]
     assert not [c for c in resolver.calls if c[0] == "base"]
     assert settled.manifest.image["base_digest"] == given
-    assert settled.entries[lock.BASE].pin == {"digest": given}
+    assert settled.entries[lockfile.BASE].pin == {"digest": given}
     # without a resolver, the lock's current base entry pins it
-    base = lock.Entry(origin={"ref": str(manifest.image["base"])}, pin={"digest": "sha256:"
+    base = lockfile.Entry(origin={"ref": str(manifest.image["base"])}, pin={"digest": "sha256:"
                                                                          + SHA_B})
     unpinned = _smddp()
-    assert lock.settle(unpinned, lock.Lock(entries={lock.BASE: base}), STAGES
+    assert locksettle.settle(unpinned, lockfile.Lock(entries={lockfile.BASE: base}), STAGES
                        ).manifest.image["base_digest"] == "sha256:" + SHA_B
 
 
 def test_an_upgrade_applies_while_its_version_and_policy_are_the_manifests() -> None:
     manifest = _smddp("stages.efa.policy=~=1.14")
     efa = manifest.stages["efa"]
-    moved = lock.Entry(origin={"version": str(efa["version"]), "policy": "~=1.14"},
+    moved = lockfile.Entry(origin={"version": str(efa["version"]), "policy": "~=1.14"},
                        pin={"to": "1.14.9", "source": "x"})
-    settled = lock.settle(manifest, lock.Lock(entries={("upgraded", "efa"): moved}), STAGES)
+    settled = locksettle.settle(manifest, lockfile.Lock(entries={("upgraded", "efa"): moved}),
+                                STAGES)
     assert settled.manifest.stages["efa"]["version"] == "1.14.9"
     assert ("upgraded", "efa") in settled.entries
     other = _smddp("stages.efa.policy=~=1.15")
-    stale = lock.settle(other, lock.Lock(entries={("upgraded", "efa"): moved}), STAGES)
+    stale = locksettle.settle(other, lockfile.Lock(entries={("upgraded", "efa"): moved}), STAGES)
     assert stale.manifest.stages["efa"]["version"] == efa["version"]
     assert ("upgraded", "efa") not in stale.entries
 
@@ -668,7 +670,7 @@ def test_the_nccl_pin_records_the_manifests_repos_not_where_rewrites_sent_us(
                        ref=f"v{pytorch['version']}", commit=str(pytorch["commit"]))
     cache = SourceCache(tmp_path / "cache", _Rewrite("http://upstream.invalid", sample_server.url))
     assert nccl_pytorch_pin._pytorch(manifest, STAGES)[1] == source
-    pin = lock.Upstream(cache=cache, stages=STAGES).lock_pin(nccl_pytorch_pin.PIN, manifest,
+    pin = lockresolve.Upstream(cache=cache, stages=STAGES).lock_pin(nccl_pytorch_pin.PIN, manifest,
                                                              STAGES, None)
     assert pin["version"] == "2.10.3"
     assert pin["evidence"]["pytorch_repo"] == "http://upstream.invalid/git/pytorch.git"
@@ -682,7 +684,7 @@ def test_an_unpinned_file_is_downloaded_once(httpserver: HTTPServer, tmp_path: P
     source = UrlSource(name="src-tool", url=httpserver.url_for("/tool-1.0.bin"), sha256=None,
                        filename="tool-1.0.bin")
     cache = SourceCache(tmp_path / "new" / "cache" / "sources")  # nothing of it exists yet
-    digest = lock.Upstream(cache=cache, stages=STAGES).source(source, None)["sha256"]
+    digest = lockresolve.Upstream(cache=cache, stages=STAGES).source(source, None)["sha256"]
     assert digest == hashlib.sha256(body).hexdigest()
     assert len(httpserver.log) == 1
     kept = cache.path_for(dataclasses.replace(source, sha256=digest)) / "tool-1.0.bin"
@@ -691,35 +693,36 @@ def test_an_unpinned_file_is_downloaded_once(httpserver: HTTPServer, tmp_path: P
 
 def test_diff_skips_equal_entries_and_names_pip_and_upgrade_moves() -> None:
     same = entry({"ref": "x"}, digest="d")
-    old = lock.Lock(entries={
+    old = lockfile.Lock(entries={
         ("aaa",): same,
         ("pip", "smddp"): entry({"r": 1}, packages=[{"name": "a", "version": "1"}]),
         ("upgraded", "efa"): entry({"version": "1.14.1", "policy": "minor"}, to="1.15.0"),
     })
-    new = lock.Lock(entries={
+    new = lockfile.Lock(entries={
         ("aaa",): same,
         ("pip", "smddp"): entry({"r": 1}, packages=[{"name": "a", "version": "2"}]),
         ("upgraded", "efa"): entry({"version": "1.14.1", "policy": "minor"}, to="1.16.0"),
     })
-    assert lock.diff(old, new) == [
+    assert lockfile.diff(old, new) == [
         "smddp: pip " + piplock.moves(old.entries[("pip", "smddp")].pin,
                                       new.entries[("pip", "smddp")].pin),
         "efa: 1.15.0 -> 1.16.0 (policy minor)",
     ]
-    assert lock.diff(None, lock.Lock(entries={("pip", "x"): new.entries[("pip", "smddp")]})) \
+    only = lockfile.Lock(entries={("pip", "x"): new.entries[("pip", "smddp")]})
+    assert lockfile.diff(None, only) \
         == ["x: pip " + piplock.moves({}, new.entries[("pip", "smddp")].pin)]
-    gone = lock.Lock(entries={("pip", "x"): new.entries[("pip", "smddp")]})
-    assert lock.diff(gone, lock.Lock(entries={})) == [
+    gone = lockfile.Lock(entries={("pip", "x"): new.entries[("pip", "smddp")]})
+    assert lockfile.diff(gone, lockfile.Lock(entries={})) == [
         "x: pip " + piplock.moves(new.entries[("pip", "smddp")].pin, {})]
 
 
 def test_an_entry_that_pins_nothing_moves_no_pin() -> None:
-    assert not lock.pins_moved(None, lock.Lock(entries={("custom",): entry({"a": 1})}))
+    assert not lockfile.pins_moved(None, lockfile.Lock(entries={("custom",): entry({"a": 1})}))
 
 
 def test_settle_records_where_each_pin_came_from_and_what_the_manifest_gives() -> None:
     sample = load(SAMPLE, registry=STAGES)
-    settled = lock.settle(sample, None, STAGES)
+    settled = locksettle.settle(sample, None, STAGES)
     nccl_tests = sample.stages["nccl-tests"]
     assert settled.entries[("stages", "nccl-tests", "src-nccl-tests")] == entry(
         {"repo": nccl_tests["repo"], "ref": str(nccl_tests["ref"]).replace(
@@ -735,44 +738,44 @@ DIGEST = "sha256:" + "d" * 64
 
 def test_read_gives_the_entries_and_when_they_were_first_resolved(tmp_path: Path) -> None:
     path = tmp_path / "x.lock.json"
-    assert lock.read(path) is None
+    assert lockfile.read(path) is None
     path.write_text(json.dumps({"format": 2, "manifest": "x.toml", "source_date_epoch": 1234,
                                 "base": {"from": {"ref": "r"}, "digest": DIGEST}}))
-    read = lock.read(path)
-    assert read == lock.Lock(entries={lock.BASE: entry({"ref": "r"}, digest=DIGEST)},
+    read = lockfile.read(path)
+    assert read == lockfile.Lock(entries={lockfile.BASE: entry({"ref": "r"}, digest=DIGEST)},
                              source_date_epoch=1234)
     for text, why in (("[1, 2]", "not a JSON object"), ("{broken", None)):
         path.write_text(text)
         with pytest.raises(LockError) as info:
-            lock.read(path)
+            lockfile.read(path)
         message = str(info.value)
         assert message.startswith(f"{path}: not a valid imageforge lock file (")
         assert message.endswith("); delete it and run `invoke lock`.")
         if why:
             assert f"({why})" in message
     path.write_text(json.dumps({"format": 1}))
-    assert lock.read(path, old_ok=True) is None
+    assert lockfile.read(path, old_ok=True) is None
     with pytest.raises(LockError) as info:
-        lock.read(path)
+        lockfile.read(path)
     assert str(info.value) == (f"{path} is in lock format 1, not 2; run `invoke lock` to "
                                "rewrite it.")
 
 
 def test_settle_names_unused_entries_and_keeps_unknown_sections() -> None:
     manifest = _smddp()
-    first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
+    first = locksettle.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
     gone = ("stages", "removed-stage", "src-x")
     custom = ("newer-kind", "thing")
     entries = {**first.entries, gone: entry({"url": "u"}, sha256=SHA_A),
                custom: entry({"a": 1}, b=2)}
-    settled = lock.settle(manifest, lock.Lock(entries=entries), STAGES)
+    settled = locksettle.settle(manifest, lockfile.Lock(entries=entries), STAGES)
     assert settled.unused == (gone,)
     assert settled.entries[custom] == entries[custom]
     assert gone not in settled.entries
     # a stale entry is named stale, not unused
-    moved = {**first.entries, lock.BASE: entry({"ref": "another:1"}, digest="d")}
-    stale = lock.settle(manifest, lock.Lock(entries=moved), STAGES)
-    assert lock.BASE in stale.stale
+    moved = {**first.entries, lockfile.BASE: entry({"ref": "another:1"}, digest="d")}
+    stale = locksettle.settle(manifest, lockfile.Lock(entries=moved), STAGES)
+    assert lockfile.BASE in stale.stale
     assert stale.unused == ()
 
 
@@ -784,31 +787,31 @@ def test_a_local_base_image_id_is_asked_for_only_without_a_digest_or_id() -> Non
         return "sha256:" + SHA_A
 
     manifest = _smddp()
-    settled = lock.settle(manifest, None, STAGES, local_id=local_id)
+    settled = locksettle.settle(manifest, None, STAGES, local_id=local_id)
     assert asked == [str(manifest.image["base"])]
     assert settled.manifest.image["base_image_id"] == "sha256:" + SHA_A
     with_id = dataclasses.replace(manifest, image={**manifest.image, "base_image_id": "x"})
-    assert lock.settle(with_id, None, STAGES, local_id=local_id).manifest.image[
+    assert locksettle.settle(with_id, None, STAGES, local_id=local_id).manifest.image[
         "base_image_id"] == "x"
     assert len(asked) == 1
 
 
 def test_an_extended_image_is_resolved_once_and_revisited_with_its_entry(tmp_path: Path) -> None:
     class Extending(Recording):
-        def extended(self, manifest: object, old: lock.Entry | None) -> dict[str, object]:
+        def extended(self, manifest: object, old: lockfile.Entry | None) -> dict[str, object]:
             self.calls.append(("extended", str(getattr(manifest, "path", "")), old))
             return {"digest": None, "provides": ["efa", "python"], "versions": {}}
 
     manifest = load(_extending(tmp_path, None), registry=STAGES)
     resolver = Extending()
-    settled = lock.settle(manifest, None, STAGES, resolver)  # type: ignore[arg-type]
+    settled = locksettle.settle(manifest, None, STAGES, resolver)  # type: ignore[arg-type]
     assert [c for c in resolver.calls if c[0] == "extended"] == [
         ("extended", str(manifest.path), None)]
-    assert settled.entries[lock.EXTENDS].pin["provides"] == ["efa", "python"]
+    assert settled.entries[lockfile.EXTENDS].pin["provides"] == ["efa", "python"]
     assert not [c for c in resolver.calls if c[0] == "base"]
     again = Extending(revisit=True)
-    lock.settle(manifest, settled.lock(), STAGES, again)  # type: ignore[arg-type]
-    assert [c[2] for c in again.calls if c[0] == "extended"] == [settled.entries[lock.EXTENDS]]
+    locksettle.settle(manifest, settled.lock(), STAGES, again)  # type: ignore[arg-type]
+    assert [c[2] for c in again.calls if c[0] == "extended"] == [settled.entries[lockfile.EXTENDS]]
 
 
 class Upgrading(Recording):
@@ -831,9 +834,9 @@ class Upgrading(Recording):
 
 def test_an_upgrade_resolves_the_renewed_stages_anew_and_keeps_the_rest() -> None:
     manifest = _smddp("stages.efa.policy=~=1.14")
-    first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
+    first = locksettle.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
     resolver = Upgrading(["efa"], {"efa": "1.14.9"})
-    settled = lock.settle(manifest, first.lock(), STAGES, resolver)  # type: ignore[arg-type]
+    settled = locksettle.settle(manifest, first.lock(), STAGES, resolver)  # type: ignore[arg-type]
     assert resolver.asked_upgrades == [["efa"]]
     assert settled.manifest.stages["efa"]["version"] == "1.14.9"
     assert settled.entries[("upgraded", "efa")] == entry(
@@ -847,18 +850,18 @@ def test_an_upgrade_resolves_the_renewed_stages_anew_and_keeps_the_rest() -> Non
 
 def test_upgrading_every_stage_resolves_the_base_anew_too() -> None:
     manifest = _smddp()
-    first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
+    first = locksettle.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
     resolver = Upgrading(None, {})
-    lock.settle(manifest, first.lock(), STAGES, resolver)  # type: ignore[arg-type]
+    locksettle.settle(manifest, first.lock(), STAGES, resolver)  # type: ignore[arg-type]
     asked = [(k, w, old) for k, w, old in resolver.calls]
     assert ("base", str(manifest.image["base"]), None) in asked
     assert {w for k, w, _ in asked if k == "source"} == \
         {w for k, w, _ in first_calls(manifest) if k == "source"}
 
 
-def first_calls(manifest: Manifest) -> list[tuple[str, str, lock.Entry | None]]:
+def first_calls(manifest: Manifest) -> list[tuple[str, str, lockfile.Entry | None]]:
     resolver = Recording()
-    lock.settle(manifest, None, STAGES, resolver)  # type: ignore[arg-type]
+    locksettle.settle(manifest, None, STAGES, resolver)  # type: ignore[arg-type]
     return resolver.calls
 
 
@@ -867,9 +870,9 @@ def test_an_nccl_pin_entry_without_evidence_still_applies() -> None:
     assert sample.stages["nccl"]["version"] == "auto"
     origin = {"pytorch_version": "1.10.2", "pytorch_commit": sample.stages["pytorch"]["commit"],
               "cuda": "11.3"}
-    the_lock = lock.Lock(entries={NCCL_PIN: entry(origin, version="2.10.3",
+    the_lock = lockfile.Lock(entries={NCCL_PIN: entry(origin, version="2.10.3",
                                                        commit=NCCL_COMMIT)})
-    settled = lock.settle(sample, the_lock, STAGES)
+    settled = locksettle.settle(sample, the_lock, STAGES)
     assert NCCL_PIN not in settled.stale
     assert (settled.manifest.stages["nccl"]["version"],
             settled.manifest.stages["nccl"]["commit"]) == ("2.10.3", NCCL_COMMIT)

@@ -1,7 +1,8 @@
-"""More of imageforge/sources/lock.py, in process: `lock.resolve` against real upstreams on this
-host (a PEP 503 index on 127.0.0.1, git repositories on disk, a scripted `docker` on PATH), what
-`settle` does with stages that read the image's settings or have no table, how `--upgrade`
-forgets entries, and what a registry too slow to answer leaves pinned."""
+"""More of the lock modules (imageforge/sources/lock*.py), in process: `lockresolve.resolve`
+against real upstreams on this host (a PEP 503 index on 127.0.0.1, git repositories on disk,
+a scripted `docker` on PATH), what `settle` does with stages that read the image's settings or
+have no table, how `--upgrade` forgets entries, and what a registry too slow to answer leaves
+pinned."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from imageforge.errors import CompatibilityError, LockError
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.sourcetypes import Source, UrlSource
 from imageforge.model.stage import Context, Stage, git_source
-from imageforge.sources import lock, piplock
+from imageforge.sources import lockfile, lockresolve, locksettle, piplock
 from imageforge.sources.sources import SourceCache
 from imageforge.sources.upstream import Endpoints
 from stages import STAGES, nccl_pytorch_pin
@@ -147,20 +148,20 @@ def _registry_answer(digest: str) -> dict[str, object]:
             "image": {"config": {"Labels": _labels(python="3.8", efa="")}}}
 
 
-# ---- lock.resolve --------------------------------------------------------------------------------
+# ---- lockresolve.resolve ----------------------------------------------------------------
 
 
-def _previous(manifest: Manifest, **replace: lock.Entry | None) -> lock.Lock:
+def _previous(manifest: Manifest, **replace: lockfile.Entry | None) -> lockfile.Lock:
     """A lock of `manifest` as an earlier `invoke lock` left it; `replace` sets (or, with
     None, drops) entries by their dotted name."""
-    entries = dict(lock.settle(manifest, None, STAGES, Recording()).entries)  # type: ignore[arg-type]
+    entries = dict(locksettle.settle(manifest, None, STAGES, Recording()).entries)  # type: ignore[arg-type]
     for dotted, value in replace.items():
-        path = next(p for p in entries if lock.name(p) == dotted.replace("__", "."))
+        path = next(p for p in entries if lockfile.name(p) == dotted.replace("__", "."))
         if value is None:
             del entries[path]
         else:
             entries[path] = value
-    return lock.Lock(entries=entries)
+    return lockfile.Lock(entries=entries)
 
 
 def test_resolve_keeps_the_previous_pins_and_resolves_the_missing_pip_set_at_the_index(
@@ -176,10 +177,10 @@ def test_resolve_keeps_the_previous_pins_and_resolves_the_missing_pip_set_at_the
         return LOCAL_ID
 
     index.seen.clear()
-    settled = lock.resolve(manifest, STAGES, SourceCache(tmp_path / "cache"), previous,
+    settled = lockresolve.resolve(manifest, STAGES, SourceCache(tmp_path / "cache"), previous,
                            upgrade=False, endpoints=Endpoints(pypi=index.pypi),
                            local_id=local_id)
-    assert settled.entries[TORCH_PIP] == lock.Entry(origin=TORCH_ORIGIN,
+    assert settled.entries[TORCH_PIP] == lockfile.Entry(origin=TORCH_ORIGIN,
                                                     pin={"packages": index.packages("4.0.0")})
     assert {p: e for p, e in settled.entries.items() if p != TORCH_PIP} == previous.entries
     assert settled.stale == (TORCH_PIP,)
@@ -194,15 +195,15 @@ def test_upgrading_one_stage_resolves_its_pip_set_anew_and_keeps_every_other_pin
     manifest = _smddp(*COMMITS)
     old = entry(TORCH_ORIGIN, packages=index.packages("3.0.0"))
     previous = _previous(manifest, pip__pytorch=old)
-    settled = lock.resolve(manifest, STAGES, SourceCache(tmp_path / "cache"), previous,
+    settled = lockresolve.resolve(manifest, STAGES, SourceCache(tmp_path / "cache"), previous,
                            upgrade=True, only=("pytorch",), endpoints=Endpoints(pypi=index.pypi))
     # what the pytorch stage installs: the set resolved now, at the newest version
     assert settled.manifest.stages["pytorch"][piplock.INPUT] == index.packages("4.0.0")
     # and what the lock file records: the same set (the old entry once came back over it,
     # so the written lock stayed stale for ever)
-    assert settled.entries[TORCH_PIP] == lock.Entry(origin=TORCH_ORIGIN,
+    assert settled.entries[TORCH_PIP] == lockfile.Entry(origin=TORCH_ORIGIN,
                                                     pin={"packages": index.packages("4.0.0")})
-    again = lock.settle(manifest, settled.lock(), STAGES)
+    again = locksettle.settle(manifest, settled.lock(), STAGES)
     assert (again.stale, again.unused) == ((), ())
     assert {p: e for p, e in settled.entries.items() if p != TORCH_PIP} == {
         p: e for p, e in previous.entries.items() if p != TORCH_PIP}
@@ -214,23 +215,23 @@ def test_resolve_asks_the_registry_again_for_an_extended_image_the_lock_has(
     manifest = load(_extending(tmp_path, None), COMMITS, registry=STAGES)
     was = entry({"ref": EXTENDS_REF}, digest="sha256:" + SHA_A, provides=["efa", "python"],
                 versions={"python": "3.8"})
-    previous = lock.settle(manifest, lock.Lock(entries={lock.EXTENDS: was}), STAGES,
+    previous = locksettle.settle(manifest, lockfile.Lock(entries={lockfile.EXTENDS: was}), STAGES,
                            Recording()).lock()  # type: ignore[arg-type]
     _docker(tmp_path, monkeypatch, remote=_registry_answer("sha256:" + SHA_B))
-    settled = lock.resolve(manifest, STAGES, SourceCache(tmp_path / "cache"), previous,
+    settled = lockresolve.resolve(manifest, STAGES, SourceCache(tmp_path / "cache"), previous,
                            upgrade=False)
-    assert settled.entries[lock.EXTENDS] == entry(
+    assert settled.entries[lockfile.EXTENDS] == entry(
         {"ref": EXTENDS_REF}, digest="sha256:" + SHA_B, provides=["python", "efa"],
         versions={"python": "3.8"})
-    assert {p: e for p, e in settled.entries.items() if p != lock.EXTENDS} == {
-        p: e for p, e in previous.entries.items() if p != lock.EXTENDS}
+    assert {p: e for p, e in settled.entries.items() if p != lockfile.EXTENDS} == {
+        p: e for p, e in previous.entries.items() if p != lockfile.EXTENDS}
 
 
 def test_an_extended_image_is_inspected_by_its_reference(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _docker(tmp_path, monkeypatch, remote=_registry_answer("sha256:" + SHA_A))
     manifest = load(_extending(tmp_path, None), registry=STAGES)
-    assert lock._inspect_extended(manifest, STAGES) == {
+    assert lockresolve._inspect_extended(manifest, STAGES) == {
         "digest": "sha256:" + SHA_A, "provides": ["python", "efa"],
         "versions": {"python": "3.8"}}
 
@@ -240,7 +241,7 @@ def test_an_extended_image_is_inspected_by_its_reference(
 
 def test_pip_requirements_without_a_solution_are_refused_naming_the_stage(
         index: Index, tmp_path: Path) -> None:
-    up = lock.Upstream(cache=SourceCache(tmp_path), stages=STAGES,
+    up = lockresolve.Upstream(cache=SourceCache(tmp_path), stages=STAGES,
                        endpoints=Endpoints(pypi=index.pypi))
     origin = {**TORCH_ORIGIN, "requirements": ["typing-extensions>=9"]}
     with pytest.raises(LockError) as info:
@@ -264,7 +265,7 @@ def test_upgrades_read_listings_where_the_caches_rewrite_rules_send_them(tmp_pat
             registry=STAGES)
         rewrite = _Rewrite("http://upstream.invalid", api.url(""))
         cache = SourceCache(tmp_path, rewrite)
-        found = lock.Upstream(cache=cache, stages=STAGES).upgrades(manifest, STAGES,
+        found = lockresolve.Upstream(cache=cache, stages=STAGES).upgrades(manifest, STAGES,
                                                                   ["aws-ofi-nccl"])
         assert api.count("/ofi/") == 1
     assert [(u.stage, u.old, u.new, u.source) for u in found] == [
@@ -314,7 +315,7 @@ def _nccl_pin(repos: tuple[Path, Path, str, str], cache: SourceCache, *overrides
     manifest = _smddp(f"stages.nccl.repo={nccl}", f"stages.pytorch.repo={pytorch}",
                       "stages.pytorch.ref=release/2.7", f"stages.pytorch.commit={commit}",
                       *overrides)
-    return dict(lock.Upstream(cache=cache, stages=STAGES).lock_pin(
+    return dict(lockresolve.Upstream(cache=cache, stages=STAGES).lock_pin(
         nccl_pytorch_pin.PIN, manifest, STAGES, None))
 
 
@@ -358,16 +359,17 @@ def test_the_nccl_pin_of_a_pytorch_before_2_7_is_its_submodule(
 def test_a_lock_entry_that_disagrees_with_the_manifests_own_pin_is_stale(tmp_path: Path) -> None:
     given = "sha256:" + SHA_A
     manifest = _smddp(f"image.base_digest={given}")
-    first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
-    assert first.entries[lock.BASE].pin == {"digest": given}
-    other = lock.Entry(origin=first.entries[lock.BASE].origin, pin={"digest": "sha256:" + SHA_B})
-    the_lock = lock.Lock(entries={**first.entries, lock.BASE: other})
-    settled = lock.settle(manifest, the_lock, STAGES)
-    assert settled.stale == (lock.BASE,)
-    assert settled.entries[lock.BASE].pin == {"digest": given}
+    first = locksettle.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
+    assert first.entries[lockfile.BASE].pin == {"digest": given}
+    other = lockfile.Entry(origin=first.entries[lockfile.BASE].origin,
+                           pin={"digest": "sha256:" + SHA_B})
+    the_lock = lockfile.Lock(entries={**first.entries, lockfile.BASE: other})
+    settled = locksettle.settle(manifest, the_lock, STAGES)
+    assert settled.stale == (lockfile.BASE,)
+    assert settled.entries[lockfile.BASE].pin == {"digest": given}
     path = tmp_path / "smddp.lock.json"
     with pytest.raises(LockError) as info:
-        lock.check(manifest, the_lock, path, registry=STAGES)
+        locksettle.check(manifest, the_lock, path, registry=STAGES)
     assert str(info.value) == (f"{path} is stale for {manifest.path} (with its --set "
                                "overrides): stale entries base; run `invoke lock` with the "
                                "same overrides.")
@@ -381,10 +383,10 @@ def test_the_nccl_pin_of_an_image_without_cuda_records_no_cuda(tmp_path: Path) -
     manifest = load(path, (f"stages.pytorch.commit={A}",), registry=STAGES)
     origin: dict[str, object] = {"pytorch_version": "1.10.2", "pytorch_commit": A, "cuda": None}
     pinned = entry(origin, version="2.10.3", commit="5" * 40)
-    settled = lock.settle(manifest, lock.Lock(entries={NCCL_PIN: pinned}), STAGES)
+    settled = locksettle.settle(manifest, lockfile.Lock(entries={NCCL_PIN: pinned}), STAGES)
     assert NCCL_PIN not in settled.stale
     assert settled.entries[NCCL_PIN] == pinned
-    assert json.loads(lock.text(settled.lock(), manifest))["nccl_pytorch_pin"]["from"] == origin
+    assert json.loads(lockfile.text(settled.lock(), manifest))["nccl_pytorch_pin"]["from"] == origin
 
 
 def _miniconda_for_the_images_python(ctx: Context) -> Sequence[Source]:
@@ -407,7 +409,7 @@ def test_a_stage_without_a_table_is_pinned_from_its_defaults_and_the_images_sett
     assert not manifest.has_stage("python")
     url = "https://repo.example/miniconda/Miniconda3-py38_24.1-Linux-x86_64.sh"
     pinned = entry({"url": url}, sha256=SHA_A)
-    settled = lock.settle(manifest, lock.Lock(entries={("stages", "python", "src-python"):
+    settled = locksettle.settle(manifest, lockfile.Lock(entries={("stages", "python", "src-python"):
                                                        pinned}), registry)
     assert ("stages", "python", "src-python") not in settled.stale
     defaults = {key: field.default for key, field in registry["python"].fields.items()}
@@ -429,7 +431,7 @@ def test_the_nccl_pin_reads_pytorch_with_the_images_settings() -> None:
     origin: dict[str, object] = {"pytorch_version": "1.10.2", "pytorch_commit": A,
                                  "cuda": "11.3"}
     pinned = entry(origin, version="2.10.3", commit="5" * 40)
-    settled = lock.settle(manifest, lock.Lock(entries={NCCL_PIN: pinned}), registry)
+    settled = locksettle.settle(manifest, lockfile.Lock(entries={NCCL_PIN: pinned}), registry)
     assert settled.entries[NCCL_PIN] == pinned
     assert settled.entries[("stages", "pytorch", "src-pytorch")].origin == {
         "repo": manifest.stages["pytorch"]["repo"], "ref": "v1.10.2-cu113"}
@@ -440,31 +442,33 @@ def test_the_nccl_pin_reads_pytorch_with_the_images_settings() -> None:
 
 def test_an_upgrade_that_finds_no_newer_release_drops_the_earlier_move() -> None:
     manifest = _smddp("stages.efa.policy=~=1.14")
-    first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
+    first = locksettle.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
     moved = entry({"version": "1.14.1", "policy": "~=1.14"}, to="1.14.9", source="listing")
-    earlier = lock.Lock(entries={**first.entries, ("upgraded", "efa"): moved})
-    assert lock.settle(manifest, earlier, STAGES).manifest.stages["efa"]["version"] == "1.14.9"
-    settled = lock.settle(manifest, earlier, STAGES, Upgrading(["efa"], {}))  # type: ignore[arg-type]
+    earlier = lockfile.Lock(entries={**first.entries, ("upgraded", "efa"): moved})
+    again = locksettle.settle(manifest, earlier, STAGES)
+    assert again.manifest.stages["efa"]["version"] == "1.14.9"
+    settled = locksettle.settle(manifest, earlier, STAGES,
+                                Upgrading(["efa"], {}))  # type: ignore[arg-type]
     assert settled.manifest.stages["efa"]["version"] == "1.14.1"
     assert ("upgraded", "efa") not in settled.entries
 
 
 def test_an_upgrade_leaves_an_entry_without_a_stage_to_the_unused_ones() -> None:
     manifest = _smddp()
-    first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
+    first = locksettle.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
     odd = ("upgraded",)  # {"upgraded": {"from": ...}} in the file: an entry of no stage
-    the_lock = lock.Lock(entries={**first.entries, odd: entry({"version": "1"}, to="2")})
-    settled = lock.settle(manifest, the_lock, STAGES, Upgrading(["efa"], {}))  # type: ignore[arg-type]
+    the_lock = lockfile.Lock(entries={**first.entries, odd: entry({"version": "1"}, to="2")})
+    settled = locksettle.settle(manifest, the_lock, STAGES, Upgrading(["efa"], {}))  # type: ignore[arg-type]
     assert settled.unused == (odd,)
 
 
 def test_upgrading_every_stage_keeps_the_nccl_pin_while_pytorch_stays() -> None:
     manifest = _smddp()
-    first = lock.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
-    kept = lock.Entry(origin=first.entries[NCCL_PIN].origin,
+    first = locksettle.settle(manifest, None, STAGES, Recording())  # type: ignore[arg-type]
+    kept = lockfile.Entry(origin=first.entries[NCCL_PIN].origin,
                       pin={**first.entries[NCCL_PIN].pin, "evidence": {"method": "submodule"}})
-    the_lock = lock.Lock(entries={**first.entries, NCCL_PIN: kept})
-    settled = lock.settle(manifest, the_lock, STAGES, Upgrading(None, {}))  # type: ignore[arg-type]
+    the_lock = lockfile.Lock(entries={**first.entries, NCCL_PIN: kept})
+    settled = locksettle.settle(manifest, the_lock, STAGES, Upgrading(None, {}))  # type: ignore[arg-type]
     assert settled.entries[NCCL_PIN] == kept
 
 
@@ -472,8 +476,8 @@ def test_upgrading_every_stage_keeps_the_nccl_pin_while_pytorch_stays() -> None:
 
 
 def test_diff_words_an_unknown_pin_field_by_field() -> None:
-    new = lock.Lock(entries={("custom", "thing"): entry({}, level=3, kind="x", tags=["a"])})
-    assert lock.diff(None, new) == ["custom.thing: (none) -> level 3, kind x"]
+    new = lockfile.Lock(entries={("custom", "thing"): entry({}, level=3, kind="x", tags=["a"])})
+    assert lockfile.diff(None, new) == ["custom.thing: (none) -> level 3, kind x"]
 
 
 def test_a_registry_that_does_not_answer_in_time_leaves_the_base_unpinned(
@@ -487,5 +491,5 @@ def test_a_registry_that_does_not_answer_in_time_leaves_the_base_unpinned(
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     # No engine API either: only this docker answers.
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/imageforge.sock")
-    assert lock._base_digest("img:1", timeout=0.3) is None
-    assert lock._base_digest("img:1@sha256:" + SHA_B, timeout=0.3) == "sha256:" + SHA_B
+    assert lockresolve._base_digest("img:1", timeout=0.3) is None
+    assert lockresolve._base_digest("img:1@sha256:" + SHA_B, timeout=0.3) == "sha256:" + SHA_B

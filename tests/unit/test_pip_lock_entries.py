@@ -7,7 +7,7 @@ from pathlib import Path
 
 from imageforge.model.manifest import load
 from imageforge.planning.plan import make_plan
-from imageforge.sources import lock, piplock
+from imageforge.sources import lockfile, locksettle, piplock
 from stages import STAGES
 
 SAMPLE = Path("manifests/sample.toml")
@@ -18,24 +18,24 @@ PACKAGES: list[dict[str, object]] = [
 
 
 def _locked(overrides: tuple[str, ...] = (), packages: list[dict[str, object]] = PACKAGES,
-            requirements: list[str] | None = None) -> lock.Settled:
+            requirements: list[str] | None = None) -> locksettle.Settled:
     """The sample with a lock whose only entry is the toolkit's pip set."""
     manifest = load(SAMPLE, overrides, registry=STAGES)
     wanted = requirements or ["sagemaker-training==5.1.4", "sagemaker-pytorch-training==3.0.0"]
-    entry = lock.Entry(origin=piplock.origin(wanted, manifest.image),
+    entry = lockfile.Entry(origin=piplock.origin(wanted, manifest.image),
                        pin={"packages": packages})
-    return lock.settle(manifest, lock.Lock(entries={(lock.PIP, "sagemaker-training"): entry}),
-                       STAGES)
+    the_lock = lockfile.Lock(entries={(lockfile.PIP, "sagemaker-training"): entry})
+    return locksettle.settle(manifest, the_lock, STAGES)
 
 
-def _toolkit(settled: lock.Settled) -> tuple[str, str]:
+def _toolkit(settled: locksettle.Settled) -> tuple[str, str]:
     planned = make_plan(settled.manifest, "sagemaker-training", STAGES).stage("sagemaker-training")
     return planned.key, planned.recipe
 
 
 def test_a_current_entry_installs_with_hash_checking() -> None:
     settled = _locked()
-    assert (lock.PIP, "sagemaker-training") not in settled.stale
+    assert (lockfile.PIP, "sagemaker-training") not in settled.stale
     _, recipe = _toolkit(settled)
     assert "pip install --disable-pip-version-check --require-hashes" in recipe
     assert f"six==1.17.0 \\\n    --hash=sha256:{'b' * 64}\n" in recipe
@@ -52,7 +52,7 @@ def test_the_key_moves_with_a_locked_version_or_hash() -> None:
 def test_a_changed_requirement_makes_the_entry_stale_and_changes_the_key() -> None:
     key, _ = _toolkit(_locked())
     changed = _locked(('stages.sagemaker-training.packages=["sagemaker-pytorch-training==2.8.0"]',))
-    assert (lock.PIP, "sagemaker-training") in changed.stale
+    assert (lockfile.PIP, "sagemaker-training") in changed.stale
     new_key, recipe = _toolkit(changed)
     assert new_key != key
     # Not locked: installed as written, which `lock --check` and `build --locked` refuse.

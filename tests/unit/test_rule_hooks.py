@@ -17,7 +17,7 @@ from imageforge.model.compat import Note, Rule, Violation
 from imageforge.model.lockpin import LockPin, Upstream
 from imageforge.model.manifest import Manifest, load
 from imageforge.model.stage import Field, Stage
-from imageforge.sources import lock
+from imageforge.sources import locksettle
 from stages import STAGES
 from tests.unit.conftest import ROOT
 from tests.unit.test_mut_lock import Recording
@@ -72,7 +72,7 @@ def _pin(entry: str, reads: tuple[str, ...], applied: list[str], *,
 
 class _Resolving(Recording):
     """Resolves every pin from its name (test_mut_lock's resolver), and lock pins the way
-    lock.Upstream does: through the pin's own resolve, with the registry settle passed on."""
+    lockresolve.Upstream does: through the pin's own resolve, with the registry settle passed on."""
 
     def lock_pin(self, pin: object, manifest: object, registry: object, old: object
                  ) -> dict[str, object]:
@@ -93,11 +93,11 @@ def test_each_lock_pin_of_a_stage_is_settled_when_the_one_before_it_is_not() -> 
         _pin("team_pin_2", ("pytorch",), applied)))
     registry = {**STAGES, "boost": boost}
     manifest = load(SMDDP, registry=registry)
-    first = lock.settle(manifest, None, registry)
+    first = locksettle.settle(manifest, None, registry)
     assert ("team_pin",) in first.unresolved
     assert ("team_pin_2",) in first.unresolved
     assert ("waits_for_a_pin",) in first.unresolved
-    settled = lock.settle(manifest, None, registry, _Resolving())  # type: ignore[arg-type]
+    settled = locksettle.settle(manifest, None, registry, _Resolving())  # type: ignore[arg-type]
     assert applied == [f"team_pin={len(registry)}", f"team_pin_2={len(registry)}"]
     assert settled.pins()["team_pin"] == {"stages": len(registry)}
     assert "needs_an_absent_stage" not in settled.pins()

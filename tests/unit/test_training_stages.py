@@ -19,7 +19,7 @@ from imageforge.model.manifest import load
 from imageforge.planning import localtree
 from imageforge.planning.execute import Run, bake_file
 from imageforge.planning.plan import Plan, make_plan
-from imageforge.sources import cabundle, lock
+from imageforge.sources import cabundle, lockfile, locksettle
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,8 +159,8 @@ PYTORCH_IMAGE = ["efa", "nccl", "aws-ofi-nccl", "python", "pytorch", "torchvisio
                  "sagemaker-training"]
 
 
-def always(image_id: str) -> lock.LocalId:
-    """A lock.LocalId that finds `image_id` whatever the base."""
+def always(image_id: str) -> locksettle.LocalId:
+    """A locksettle.LocalId that finds `image_id` whatever the base."""
     return lambda _ref: image_id
 
 
@@ -235,11 +235,11 @@ def test_the_locked_image_pins_the_key(tmp_path: Path, local: bool) -> None:
     # local cache has its ID.
     pinned: dict[str, Any] = {"digest": None if local else digest, "provides": PYTORCH_IMAGE,
                               "versions": {}}
-    locked = lock.Lock(entries={lock.EXTENDS: lock.Entry(
+    locked = lockfile.Lock(entries={lockfile.EXTENDS: lockfile.Entry(
         origin={"ref": raw.image["extends"]}, pin=pinned)})
 
     def keys(image_id: str) -> tuple[str, str]:
-        applied = lock.settle(raw, locked, STAGES, local_id=lambda _ref: image_id).manifest
+        applied = locksettle.settle(raw, locked, STAGES, local_id=lambda _ref: image_id).manifest
         plan = make_plan(applied, "smddp", extends.registry(STAGES, applied))
         return plan.stage("base").recipe, plan.stage("smddp").key
 
@@ -316,14 +316,14 @@ def test_a_local_base_image_is_pinned_by_its_id(tmp_path: Path) -> None:
     comes from the local cache, never from the committed lock."""
     raw = load(SMDDP, (), registry=STAGES)
     ids = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]
-    locked = lock.Lock(entries={lock.BASE: lock.Entry(origin={"ref": raw.image["base"]},
+    locked = lockfile.Lock(entries={lockfile.BASE: lockfile.Entry(origin={"ref": raw.image["base"]},
                                                       pin={"digest": None})})
     path = tmp_path / "m.lock.json"
-    lock.write(path, locked, raw)
+    lockfile.write(path, locked, raw)
     assert "sha256:1" not in path.read_text()
     keys = []
     for image_id in ids:
-        applied = lock.settle(raw, lock.read(path), STAGES, local_id=always(image_id))
+        applied = locksettle.settle(raw, lockfile.read(path), STAGES, local_id=always(image_id))
         plan = make_plan(applied.manifest, "boost", STAGES)
         assert "@sha256" not in plan.stage("base").recipe
         keys.append({s.name: s.key for s in plan.stages})
