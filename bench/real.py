@@ -25,6 +25,7 @@ from bench import cpu
 from bench.baseline import SEED_000_ORDER, baseline_dockerfile
 from bench.rawjson import layer_steps, parse_stream
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.sources import cabundle
 from stages import STAGES
@@ -88,7 +89,7 @@ class RealBench:
 
     def baseline(self, efa: str) -> dict[str, Any]:
         overrides = (f"stages.efa.version={efa}",)
-        settings = project.Settings(registry=STAGES, manifest=self.manifest,
+        settings = Workspace(registry=STAGES, manifest=self.manifest,
                                     overrides=overrides, cache_dir=self.cache)
         planned = project.plan(settings, TARGET)
         linear = baseline_dockerfile(planned, planned.registry, SEED_000_ORDER)

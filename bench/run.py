@@ -51,6 +51,7 @@ from bench.report import (
     update_tables,
 )
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import FatalError
 from imageforge.model.dag import closure
 from imageforge.model.stage import filename_of
@@ -245,8 +246,8 @@ class Bench:
         self.must(what, proc)
         return Timed(seconds=elapsed, cpu_seconds=busy, stdout=proc.stdout, stderr=proc.stderr)
 
-    def settings(self, overrides: Sequence[str] = ()) -> project.Settings:
-        return project.Settings(registry=STAGES, manifest=self.manifest,
+    def settings(self, overrides: Sequence[str] = ()) -> Workspace:
+        return Workspace(registry=STAGES, manifest=self.manifest,
                                 overrides=tuple(overrides), cache_dir=self.cache)
 
     def plan(self, overrides: Sequence[str] = ()) -> Plan:
@@ -333,7 +334,7 @@ class Bench:
         is stored under its key exactly when this build made it); the report's per-stage
         states are kept beside them and every disagreement is noted."""
         m = Measurement(tool=IMAGEFORGE, scenario=scenario, label=label, expected=expected)
-        store = project.artifact_store(self.settings())
+        store = self.settings().store
         for _ in range(repeats):
             before = {e.key for e in store.all_entries()}
             timed, report = self.imageforge_build(scenario, overrides)

@@ -2,7 +2,7 @@
 
 tasks.py parses flags into these arguments, prints what comes back and turns FatalError into
 an exit code; everything else a command decides is here: which value wins (a flag, else
-invoke's configuration, else the environment, else the default: `settings` and `pick`),
+invoke's configuration, else the environment, else the default: `workspace` and `pick`),
 whether a flag's value is valid (the same UsageErrors the flags always gave), the chain
 build -> summary -> test-image, and the planning of matrix images (ci.generate, matrix.plan,
 matrix.build, nightly --matrix).
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from imageforge import cachedir, diskfull, jsonfile
 from imageforge.app import project
+from imageforge.app.workspace import DEFAULT_MANIFEST, Workspace
 from imageforge.errors import CacheError, FatalError, UsageError
 from imageforge.model import validate
 from imageforge.model.manifest import manifest_label
@@ -49,7 +50,7 @@ Discover = Callable[[Sequence[Path]], Mapping[str, Stage]]
 
 # The `imageforge` table of invoke's configuration, as tasks.py declares it: "" is "not set".
 CONFIG_DEFAULTS: Mapping[str, str] = {
-    "manifest": str(project.DEFAULT_MANIFEST), "cache_dir": "cache", "remote": "",
+    "manifest": str(DEFAULT_MANIFEST), "cache_dir": "cache", "remote": "",
     "rewrite": "", "repository": "", "webhook": "", "layer_cache": "", "ca_bundle": "",
     "stage_dirs": "", "image_artifacts": "", "cache_trust": ""}
 # Where whole-image artifacts are kept (imageforge.image_artifacts): by name in the engine's
@@ -121,7 +122,7 @@ def _closest(word: str, choices: list[str]) -> str:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Flags:
-    """The flags that make a command's Settings, as given (None: not given)."""
+    """The flags that make a command's Workspace, as given (None: not given)."""
 
     manifest: str | None = None
     overrides: Sequence[str] | None = None    # --set, in order
@@ -136,12 +137,12 @@ class Flags:
 
 # ---- precedence and validation -------------------------------------------------------------
 
-def settings(config: Config, flags: Flags = Flags(), *,
-             layer_cache: bool = False) -> project.Settings:
+def workspace(config: Config, flags: Flags = Flags(), *,
+             layer_cache: bool = False) -> Workspace:
     """The one place a flag, invoke's configuration and the defaults are weighed: a flag wins,
     then the configured value, then the default. `layer_cache`: the command keeps BuildKit's
     layer cache (build), so imageforge.layer_cache applies when --layer-cache is not given."""
-    manifest = Path(flags.manifest or config.get("manifest") or project.DEFAULT_MANIFEST)
+    manifest = Path(flags.manifest or config.get("manifest") or DEFAULT_MANIFEST)
     if flags.mirror and "://" in flags.mirror and not re.match(r"(https?|file)://",
                                                                flags.mirror):
         # Anything else with a scheme would be read as a relative directory named "ftp:".
@@ -150,7 +151,7 @@ def settings(config: Config, flags: Flags = Flags(), *,
     rewrites = parse_rewrites(config.value("rewrite"))
     registry = config.discover(stage_dirs(config.value("stage_dirs")))
     code, _ = code_overrides(flags.code, flags.program, None, registry)
-    return project.Settings(
+    return Workspace(
         manifest=manifest,
         overrides=(*(flags.overrides or ()), *code),
         cache_dir=cache_dir(config),
@@ -318,8 +319,8 @@ def _stdout_or_file(flag: str, path: str | None, text: str) -> str:
     return text
 
 
-def _target(settings: project.Settings, target: str | None) -> str:
-    return target or project.default_target(settings)
+def _target(ws: Workspace, target: str | None) -> str:
+    return target or project.default_target(ws)
 
 
 def code_stage(registry: Mapping[str, Stage]) -> Stage:
@@ -359,14 +360,14 @@ def code_overrides(code: str | None, program: str | None, target: str | None,
 # ---- commands on one manifest --------------------------------------------------------------
 
 def check(config: Config, flags: Flags) -> list[str]:
-    s = settings(config, flags)
+    s = workspace(config, flags)
     return [f"  {line}" for line in project.check(s)] + [f"{s.manifest}: valid"]
 
 
 def show(config: Config, flags: Flags) -> str:
     from imageforge.model.manifest import show as show_manifest
 
-    s = settings(config, flags)
+    s = workspace(config, flags)
     return show_manifest(s.manifest, s.overrides, registry=s.registry)
 
 
@@ -406,7 +407,7 @@ def plan(config: Config, flags: Flags, target: str | None, graph: str | None) ->
     also write the DAG there."""
     from imageforge.cache import remote as remote_mod
 
-    s = settings(config, flags)
+    s = workspace(config, flags)
     target = _target(s, target)
     with remote_mod.session(s.remote, verified_in=s.verified_in) as registry:
         planned = project.plan(s, target, remote=registry)
@@ -424,7 +425,7 @@ def render(config: Config, flags: Flags, target: str | None, fmt: str,
     Returns what is left for standard output."""
     if fmt not in RENDER_FORMATS:
         raise UsageError(f"--format {fmt}: unknown format; use dockerfile or bake.")
-    s = settings(config, flags)
+    s = workspace(config, flags)
     planned = project.plan(s, _target(s, target))
     if fmt == "dockerfile":
         text = project.dockerfile(planned)
@@ -438,7 +439,7 @@ def lock(config: Config, flags: Flags, *, upgrade: bool, stages: Sequence[str] |
     if check and upgrade:
         raise UsageError("lock --check and --upgrade contradict each other: --check changes "
                          "nothing, --upgrade rewrites the lock; give one of them.")
-    s = settings(config, flags)
+    s = workspace(config, flags)
     if check:
         return [f"{project.check_lock(s)}: up to date"]
     path, changes = project.write_lock(s, upgrade=upgrade, stages=tuple(stages or ()))
@@ -447,7 +448,7 @@ def lock(config: Config, flags: Flags, *, upgrade: bool, stages: Sequence[str] |
 
 
 def fetch(config: Config, flags: Flags, target: str | None) -> list[str]:
-    s = settings(config, flags)
+    s = workspace(config, flags)
     fetched = project.fetch(s, _target(s, target))
     return [f"{name:<20} {path}" for name, path in sorted(fetched.items())]
 
@@ -455,14 +456,14 @@ def fetch(config: Config, flags: Flags, target: str | None) -> list[str]:
 def explain(config: Config, flags: Flags, target: str | None) -> str:
     from imageforge.app.cachecmd import explain as explain_plan
 
-    s = settings(config, flags)
+    s = workspace(config, flags)
     return explain_plan(s, _target(s, target))
 
 
 def mirror_sync(config: Config, flags: Flags, to: str | None) -> str:
     if not to:
         raise UsageError("mirror.sync needs --to DIR: the directory to write the mirror into.")
-    return str(project.mirror_sync(settings(config, flags), Path(to)))
+    return str(project.mirror_sync(workspace(config, flags), Path(to)))
 
 
 def docs(registry: Mapping[str, Stage]) -> list[str]:
@@ -477,7 +478,7 @@ def goldens(files: Sequence[tuple[str, str, str]],
             registry: Mapping[str, Stage]) -> Iterator[str]:
     """Rewrite each (manifest, target, golden file)'s Dockerfile where it changed."""
     for manifest, target, path in files:
-        text = project.dockerfile(project.plan(project.Settings(manifest=Path(manifest),
+        text = project.dockerfile(project.plan(Workspace(manifest=Path(manifest),
                                                                 registry=registry), target))
         golden = Path(path)
         changed = not golden.exists() or golden.read_text() != text
@@ -491,14 +492,14 @@ def goldens(files: Sequence[tuple[str, str, str]],
 def cache_ls(config: Config, *, as_json: bool) -> str:
     from imageforge.app.cachecmd import list_entries
 
-    return list_entries(settings(config), as_json=as_json)
+    return list_entries(workspace(config), as_json=as_json)
 
 
 def cache_prune(config: Config, *, max_size: str | None, older_than: str | None,
                 keep_last: str) -> str:
     from imageforge.app.cachecmd import prune
 
-    s = settings(config)
+    s = workspace(config)
     return prune(s, max_size=max_size, older_than=older_than,
                  keep_last=whole_number("keep-last", keep_last, minimum=0))
 
@@ -506,13 +507,13 @@ def cache_prune(config: Config, *, max_size: str | None, older_than: str | None,
 def cache_push(config: Config, flags: Flags, target: str | None) -> str:
     from imageforge.app.cachecmd import push
 
-    return push(settings(config, flags), target)
+    return push(workspace(config, flags), target)
 
 
 def cache_pull(config: Config, flags: Flags, target: str | None) -> str:
     from imageforge.app.cachecmd import pull
 
-    s = settings(config, flags)
+    s = workspace(config, flags)
     return pull(s, _target(s, target))
 
 
@@ -531,7 +532,7 @@ def verify(config: Config, flags: Flags, target: str | None, stages: Sequence[st
     if image and (target or stages):
         raise UsageError(f"verify --image {image}: the image's labels name its target and "
                          "stages; drop --target and --stage.")
-    s = settings(config, flags)
+    s = workspace(config, flags)
     bundle = ca_bundle(config, None)
     if image:
         from imageforge.app.verifyimage import verify_image
@@ -599,7 +600,7 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     if request.tag:
         image_tag("--tag", request.tag)
     bundle = ca_bundle(config, request.ca_bundle)
-    s = settings(config, flags, layer_cache=True)
+    s = workspace(config, flags, layer_cache=True)
     _, code_target = code_overrides(flags.code, flags.program, request.target, s.registry)
     target = _target(s, code_target)
     if request.output is not None:
@@ -631,7 +632,7 @@ def build(config: Config, flags: Flags, request: BuildRequest) -> Iterator[str]:
     yield from check_image(s, project.plan(s, target), result.tag)
 
 
-def _remember(s: project.Settings, result: BuildResult) -> None:
+def _remember(s: Workspace, result: BuildResult) -> None:
     """Let `imageforge build` answer the same command from a record while nothing changes
     (imageforge/uptodate.py); not after a warning, which the next build must give again."""
     import sys
@@ -674,7 +675,7 @@ def test_image(config: Config, flags: Flags, request: CheckRequest) -> Iterator[
     (exit 10) names every failed check."""
     from imageforge.planning.labels import default_tag
 
-    s = settings(config, flags)
+    s = workspace(config, flags)
     if request.target is not None and not project.is_image(s, request.target):
         raise UsageError(f"--target {request.target} is not an image; test-image checks image "
                          f"targets: {', '.join(project.image_targets(s))}.")
@@ -690,7 +691,7 @@ def test_image(config: Config, flags: Flags, request: CheckRequest) -> Iterator[
                            junit_path=junit_path)
 
 
-def check_image(s: project.Settings, planned: Plan, image: str, *, hardware: bool = False,
+def check_image(s: Workspace, planned: Plan, image: str, *, hardware: bool = False,
                 json_path: Path | None = None, junit_path: Path | None = None
                 ) -> Iterator[str]:
     """test-image's output, shared with build and matrix.build: the table, the report files,
@@ -763,7 +764,7 @@ def nightly(config: Config, flags: Flags, request: NightlyRequest) -> Iterator[s
                              "and --tag-template.")
         yield from _matrix_nightly(config, request.matrix, options, flags.remote)
         return
-    result = run(settings(config, flags), options)
+    result = run(workspace(config, flags), options)
     yield (f"nightly {result.target}: {result.status}"
            + (f"; promoted {result.promoted}" if result.promoted else ""))
     if summary_file:
@@ -775,7 +776,7 @@ def _matrix_nightly(config: Config, file: str, options: NightlyOptions,
     from imageforge.app.nightly import MatrixImage, matrix_markdown, run_matrix
     from imageforge.model import matrix as matrix_mod
 
-    images = [MatrixImage(settings=_entry_settings(config, e, remote=remote),
+    images = [MatrixImage(ws=_entry_workspace(config, e, remote=remote),
                           target=e.target, tag=e.tag, label=e.label)
               for e in matrix_mod.load(Path(file))]
     result = run_matrix(file, images, options)
@@ -799,17 +800,17 @@ def promote(config: Config, image: str | None, tag: str) -> str:
     if not TAG.fullmatch(tag):
         raise UsageError(f"--tag {tag[:80]!r}: not a tag; use letters, digits, '_', '.' and '-' "
                          "(at most 128, not starting with '.' or '-').")
-    s = settings(config)
+    s = workspace(config)
     with remote_mod.credentials(image.split("/", 1)[0]) as env:
         return golden.promote(image, tag, cache_dir=s.cache_dir, env=env)
 
 
 # ---- matrices --------------------------------------------------------------------------------
 
-def _entry_settings(config: Config, entry: Entry, *,
-                    remote: str | None = None) -> project.Settings:
-    """A matrix image's settings: its manifest with its --set overrides."""
-    return settings(config, Flags(manifest=str(entry.manifest), overrides=entry.overrides,
+def _entry_workspace(config: Config, entry: Entry, *,
+                    remote: str | None = None) -> Workspace:
+    """A matrix image's workspace: its manifest with its --set overrides."""
+    return workspace(config, Flags(manifest=str(entry.manifest), overrides=entry.overrides,
                                   remote=remote))
 
 
@@ -826,7 +827,7 @@ def matrix_plans(config: Config, entries: Sequence[Entry]) -> list[Planned]:
     plans = []
     for entry in entries:
         try:
-            s = _entry_settings(config, entry)
+            s = _entry_workspace(config, entry)
             target = _target(s, entry.target)
             planned = project.plan(s, target)
         except FatalError as exc:
@@ -881,7 +882,7 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
     entries = matrix_mod.load(path)
     results: list[dict[str, Any]] = []
     for entry in entries:
-        s = _entry_settings(config, entry)
+        s = _entry_workspace(config, entry)
         target = _target(s, entry.target)
         yield f"== {entry.label}: {target}"
         result = build_mod.build(s, BuildOptions(target=target, tag=entry.tag, progress=mode,
@@ -897,7 +898,7 @@ def matrix_build(config: Config, file: str | None, *, test: bool, progress: str,
     document = {"file": file, "images": results, "built": len(built),
                 "distinct_built": len(set(built))}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    written = cachedir.reports(settings(config).cache_dir) / f"{stamp}-matrix.json"
+    written = cachedir.reports(workspace(config).cache_dir) / f"{stamp}-matrix.json"
     jsonfile.write_json(written, document)
     if report:
         write_output("--report", report, json.dumps(document, indent=2) + "\n")
@@ -932,19 +933,19 @@ def ci_generate(config: Config, flags: Flags, *, fmt: str, file: str | None,
                              "--target go in its [[image]] tables instead.")
         entries = matrix_mod.load(Path(file))
     else:
-        entries = [matrix_mod.Entry(manifest=settings(config, Flags(manifest=flags.manifest))
+        entries = [matrix_mod.Entry(manifest=workspace(config, Flags(manifest=flags.manifest))
                                     .manifest,
                                     target=target, tag=None,
                                     overrides=tuple(flags.overrides or ()))]
     images = []
     for entry in entries:
-        s = _entry_settings(config, entry)
+        s = _entry_workspace(config, entry)
         planned = project.plan(s, _target(s, entry.target), resolve=True)
         images.append(cigen.Image(manifest=manifest_label(entry.manifest),
                                   overrides=entry.overrides, tag=entry.tag, plan=planned))
     # Under cache_trust = "verified" a key whose remote artifact no rebuild verified gets a
     # job, as the build that needs it would not use that artifact either.
-    trust = settings(config, Flags()).verified_in
+    trust = workspace(config, Flags()).verified_in
     with remote_mod.credentials(repository.split("/", 1)[0]) as env:
         registry = remote_mod.Remote(repository=repository, env=env, verified_in=trust)
         found = cigen.pipeline(images, repository, cigen.registry_holds(registry))
@@ -1001,7 +1002,7 @@ def run_local(config: Config, request: RunLocalRequest, *, log: TextIO,
                               program=request.program, code=request.code,
                               hp=request.hp or [], channel=request.channel or [],
                               timeout=whole_number("timeout", request.timeout, minimum=1),
-                              cache_dir=settings(config).cache_dir, verbose=request.verbose)
+                              cache_dir=workspace(config).cache_dir, verbose=request.verbose)
     result = sagemaker.run(spec, log=log)
     yield json.dumps(result.to_json(), indent=2) if as_json else sagemaker.summary(result)
     sagemaker.require_success(result)

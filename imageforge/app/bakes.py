@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.bake import Invocation, absolute_if_local, builder_args
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cache.artifacts import ArtifactStore
@@ -36,7 +37,7 @@ class Wave:
     token: str | None
 
 
-def wave(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+def wave(ws: Workspace, options: BuildOptions, store: ArtifactStore,
          planned: Plan, building: list[str], contexts: Mapping[str, str], workdir: Path, *,
          tag: str | None, sbom_generator: str | None) -> Wave:
     """The bake that builds `building` from `contexts` in `workdir`, and with a `tag` makes
@@ -46,11 +47,11 @@ def wave(settings: project.Settings, options: BuildOptions, store: ArtifactStore
     images = {n: store.image_ref(n, planned.stage(n).key)
               for n in whole_images(planned, building)} if store.images is not None else {}
     artifact_dirs = {name: workdir / "out" / name for name in building if name not in images}
-    layers = LayerCache(location=absolute_if_local(settings.layer_cache),
+    layers = LayerCache(location=absolute_if_local(ws.layer_cache),
                         modes={n: planned.registry[n].layer_cache for n in building}) \
-        if settings.layer_cache else None
+        if ws.layer_cache else None
     spec = bake_file(run, workdir=workdir, tag=tag,
-                     labels=image_metadata(planned, project.current_lock(settings),
+                     labels=image_metadata(planned, project.current_lock(ws),
                                            options.revision),
                      platform=str(planned.manifest.image["platform"]), push=options.push,
                      artifact_dirs=artifact_dirs, artifact_images=images,

@@ -21,6 +21,7 @@ from typing import Any
 from imageforge import cachedir, jsonfile, log
 from imageforge.app import bakes, dryrun, project
 from imageforge.app.export import exported_stages
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit import bake, cachemounts
 from imageforge.buildkit.bake import builder_args
 from imageforge.buildkit.buildreport import report_data, write_report
@@ -59,24 +60,24 @@ from imageforge.planning.plan import Plan
 from imageforge.sources import extended
 
 
-def build(settings: project.Settings, options: BuildOptions) -> BuildResult | None:
+def build(ws: Workspace, options: BuildOptions) -> BuildResult | None:
     clock = Clock()
-    store = project.artifact_store(settings, images=image_store(options.builder))
-    hosts = [remote_mod.check_repository(settings.remote).split("/", 1)[0]] \
-        if settings.remote else []
+    store = ws.store_for(image_store(options.builder))
+    hosts = [remote_mod.check_repository(ws.remote).split("/", 1)[0]] \
+        if ws.remote else []
     push_host = registry_host(options.tag) if options.push and options.tag else None
     if push_host:
         hosts.append(push_host)
     with remote_mod.credentials(hosts) as env:
-        remote = Remote(repository=settings.remote, env=env,
-                        verified_in=settings.verified_in) if settings.remote else None
-        return _build(settings, options, store, remote, env, clock)
+        remote = Remote(repository=ws.remote, env=env,
+                        verified_in=ws.verified_in) if ws.remote else None
+        return _build(ws, options, store, remote, env, clock)
 
 
-def _build(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+def _build(ws: Workspace, options: BuildOptions, store: ArtifactStore,
            remote: Remote | None, env: Mapping[str, str], clock: Clock) -> BuildResult | None:
     # A dry run contacts no upstream: a stale pin shows as unlocked in what it prints.
-    planned = project.plan(settings, options.target, remote=remote,
+    planned = project.plan(ws, options.target, remote=remote,
                            resolve=not options.dry_run)
     for warning in planned.warnings():
         log.warning(warning)
@@ -86,7 +87,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
                         "changed since the pipeline was generated; run `invoke ci.generate` "
                         "again.")
     if options.dry_run:
-        dryrun.print_dry_run(settings, planned, options, store)
+        dryrun.print_dry_run(ws, planned, options, store)
         return None
     # build --output reads every exported stage's artifact: one gone from the image store
     # (or corrupt) is dropped here by verify, so this build makes it again.
@@ -98,7 +99,7 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
     if (not options.builder and not options.push
             and not to_build(planned, also)):
         clock.lap("plan")
-        unchanged = _unchanged(settings, planned, store, options.tag or default_tag(planned),
+        unchanged = _unchanged(ws, planned, store, options.tag or default_tag(planned),
                                clock)
         if unchanged is not None:
             return unchanged
@@ -125,20 +126,20 @@ def _build(settings: project.Settings, options: BuildOptions, store: ArtifactSto
             if contexts is None:
                 planned = project.with_statuses(fresh, store, remote)
                 continue
-            return _execute(settings, options, store, remote, fresh, building, contexts,
+            return _execute(ws, options, store, remote, fresh, building, contexts,
                             env, clock)
     raise CacheError("the artifact cache kept changing under this build (other builds or "
                      "prunes running); run it again.")
 
 
-def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, tag: str,
+def _unchanged(ws: Workspace, planned: Plan, store: ArtifactStore, tag: str,
                clock: Clock) -> BuildResult | None:
     """A build with nothing to do: every stage is cached and `tag` already is this plan's
     image, every label imageforge would give it equal (each stage's key, the manifest and
     lock digests, waivers, the imageforge revision). BuildKit is not called at all; None
     when the image is missing or differs in any label (it is then made again, from the
     cached stages), or the target's own entry is corrupt (it is rebuilt)."""
-    wanted = image_metadata(planned, project.current_lock(settings))
+    wanted = image_metadata(planned, project.current_lock(ws))
     image_id, present = local_image(tag)
     if image_id is None or present is None:
         return None
@@ -160,15 +161,15 @@ def _unchanged(settings: project.Settings, planned: Plan, store: ArtifactStore, 
     clock.lap("check")
     result = BuildResult(target=planned.target, tag=tag, stages=results, seconds=0.0,
                          report=None, image_digest=image_id, phases=clock.phases)
-    return dataclasses.replace(result, report=write_report(settings.cache_dir, planned, result),
-                               uptodate=_uptodate(settings, planned, store, result))
+    return dataclasses.replace(result, report=write_report(ws.cache_dir, planned, result),
+                               uptodate=_uptodate(ws, planned, store, result))
 
 
-def _uptodate(settings: project.Settings, planned: Plan, store: ArtifactStore,
+def _uptodate(ws: Workspace, planned: Plan, store: ArtifactStore,
               result: BuildResult) -> UpToDate | None:
     """What the same build depends on once everything is up to date (imageforge/uptodate.py),
     for a build on the docker CLI's own engine and the local cache alone; None otherwise."""
-    if settings.remote:
+    if ws.remote:
         return None
     images = [result.tag]
     if planned.manifest.image.get("base_image_id"):
@@ -210,18 +211,18 @@ def _reuse_contexts(store: ArtifactStore, remote: Remote | None, planned: Plan,
     return contexts
 
 
-def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+def _execute(ws: Workspace, options: BuildOptions, store: ArtifactStore,
              remote: Remote | None, planned: Plan, building: list[str],
              contexts: dict[str, str], env: Mapping[str, str], clock: Clock) -> BuildResult:
     started = time.time()
     clock.lap("plan")
     sources = [src for name in building for src in planned.stage(name).sources]
     contexts.update({name: str(path) for name, path in
-                     project.source_cache(settings).materialize_all(sources).items()})
+                     ws.sources.materialize_all(sources).items()})
     for name in building:
         for context, (path, digest) in planned.stage(name).local_dirs.items():
             contexts[context] = str(localtree.snapshot(Path(path), digest,
-                                                     cachedir.local_trees(settings.cache_dir)))
+                                                     cachedir.local_trees(ws.cache_dir)))
     clock.lap("fetch")
     scratch = store.scratch()
     tag = options.tag or default_tag(planned)
@@ -237,7 +238,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
             parts = waves(planned, building) or [[]]
             for number, wave in enumerate(parts):
                 later = {n for part in parts[number + 1:] for n in part}
-                metadata = _bake_wave(settings, options, store, planned, wave, contexts, env,
+                metadata = _bake_wave(ws, options, store, planned, wave, contexts, env,
                                       clock, progress, scratch / f"bake-{number}",
                                       tag=None if later else tag, later=later)
                 # The next bakes read what this one stored, as every later build will.
@@ -250,7 +251,7 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
         for name in contexts:
             if name in progress.stages and planned.stage(name).status == "cached":
                 store.touch(planned.stage(name).key)
-        _save_last_build(settings, planned, building)
+        _save_last_build(ws, planned, building)
         clock.lap("store")
         if remote is not None:
             push_entries(store, remote, [planned.stage(n).key for n in building])
@@ -271,20 +272,20 @@ def _execute(settings: project.Settings, options: BuildOptions, store: ArtifactS
                          image_digest=metadata.get("image", {}).get("containerimage.digest"))
     clock.lap("report")
     result = dataclasses.replace(result, phases=clock.phases)
-    report = write_report(settings.cache_dir, planned, result)
+    report = write_report(ws.cache_dir, planned, result)
     uptodate = None if options.builder or options.push else \
-        _uptodate(settings, planned, store, result)
+        _uptodate(ws, planned, store, result)
     return dataclasses.replace(result, report=report, uptodate=uptodate)
 
 
-def _bake_wave(settings: project.Settings, options: BuildOptions, store: ArtifactStore,
+def _bake_wave(ws: Workspace, options: BuildOptions, store: ArtifactStore,
                planned: Plan, building: list[str], contexts: Mapping[str, str],
                env: Mapping[str, str], clock: Clock, progress: BuildProgress, workdir: Path,
                *, tag: str | None, later: set[str]) -> dict[str, Any]:
     """One bake: build `building` from `contexts`, store their artifacts and, with a `tag`,
     make the image. Returns BuildKit's metadata of the bake."""
     generator = ensure_sbom_generator() if options.push and tag is not None else None
-    bake_wave = bakes.wave(settings, options, store, planned, building, contexts, workdir,
+    bake_wave = bakes.wave(ws, options, store, planned, building, contexts, workdir,
                            tag=tag, sbom_generator=generator)
     images, artifact_dirs, token = bake_wave.images, bake_wave.artifact_dirs, bake_wave.token
     (workdir / "context").mkdir(parents=True)
@@ -343,9 +344,9 @@ def _keep_images(store: ArtifactStore, planned: Plan, images: Mapping[str, str],
                         digest=digest, size=size, build_seconds=progress.stages[name].seconds)
 
 
-def _save_last_build(settings: project.Settings, planned: Plan, building: list[str]) -> None:
+def _save_last_build(ws: Workspace, planned: Plan, building: list[str]) -> None:
     """What each stage was last built from, for `invoke explain`."""
-    last = cachedir.last_builds(settings.cache_dir)
+    last = cachedir.last_builds(ws.cache_dir)
     last.mkdir(parents=True, exist_ok=True)
     for name in building:
         stage = planned.stage(name)

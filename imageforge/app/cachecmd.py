@@ -9,6 +9,7 @@ from typing import Any
 
 from imageforge import cachedir
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.transfer import pull_entries, push_entries
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.remote import RemoteUnavailable
@@ -52,8 +53,8 @@ def human_age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def list_entries(settings: project.Settings, *, as_json: bool = False) -> str:
-    store = project.artifact_store(settings)
+def list_entries(ws: Workspace, *, as_json: bool = False) -> str:
+    store = ws.store
     entries = sorted(store.all_entries(), key=lambda e: (e.stage, -e.last_used))
     if as_json:
         return json.dumps([e.meta() for e in entries], indent=2)
@@ -66,11 +67,11 @@ def list_entries(settings: project.Settings, *, as_json: bool = False) -> str:
     return "\n".join(lines)
 
 
-def prune(settings: project.Settings, *, max_size: str | None, older_than: str | None,
+def prune(ws: Workspace, *, max_size: str | None, older_than: str | None,
           keep_last: int) -> str:
     if max_size is None and older_than is None:
         raise UsageError("cache.prune needs --max-size and/or --older-than.")
-    store = project.artifact_store(settings)
+    store = ws.store
     removed = store.prune(max_size=parse_size(max_size) if max_size else None,
                           older_than=parse_age(older_than) if older_than else None,
                           keep_last=keep_last or None)
@@ -79,48 +80,48 @@ def prune(settings: project.Settings, *, max_size: str | None, older_than: str |
     return "\n".join(lines)
 
 
-def push(settings: project.Settings, target: str | None) -> str:
-    store = project.artifact_store(settings)
-    if not settings.remote:
+def push(ws: Workspace, target: str | None) -> str:
+    store = ws.store
+    if not ws.remote:
         raise UsageError("cache.push needs --remote (or imageforge.remote in invoke.yaml).")
     if target:
-        keys = [s.key for s in project.plan(settings, target).stages if s.status == "cached"]
+        keys = [s.key for s in project.plan(ws, target).stages if s.status == "cached"]
     else:
         keys = [e.key for e in store.all_entries()]
     # A stage that is only its base image (base) has nothing to push.
     keys = [k for k in keys if store.get(k) is not None]
-    with remote_mod.session(settings.remote, verified_in=settings.verified_in) as remote:
+    with remote_mod.session(ws.remote, verified_in=ws.verified_in) as remote:
         assert remote is not None
         pushed = push_entries(store, remote, keys, required=True)
-    return f"pushed {len(pushed)} of {len(keys)} artifacts to {settings.remote}"
+    return f"pushed {len(pushed)} of {len(keys)} artifacts to {ws.remote}"
 
 
-def pull(settings: project.Settings, target: str) -> str:
-    if not settings.remote:
+def pull(ws: Workspace, target: str) -> str:
+    if not ws.remote:
         raise UsageError("cache.pull needs --remote (or imageforge.remote in invoke.yaml).")
-    store = project.artifact_store(settings)
-    with remote_mod.session(settings.remote, verified_in=settings.verified_in) as remote:
+    store = ws.store
+    with remote_mod.session(ws.remote, verified_in=ws.verified_in) as remote:
         assert remote is not None
-        missing = [s for s in project.plan(settings, target).stages if s.status == "build"]
+        missing = [s for s in project.plan(ws, target).stages if s.status == "build"]
         try:
             # Asked directly: planning would take an unreachable registry for an empty one.
             found = remote.holds([(s.name, s.key) for s in missing])
         except RemoteUnavailable as exc:
-            raise CacheError(f"remote cache {settings.remote} is unreachable ({exc}); nothing "
+            raise CacheError(f"remote cache {ws.remote} is unreachable ({exc}); nothing "
                              "was pulled: run cache.pull again once it answers.") from None
         wanted = [(s.name, s.key) for s, ok in zip(missing, found, strict=True) if ok]
         pulled = pull_entries(store, remote, wanted)
-    return f"pulled {len(pulled)} artifacts from {settings.remote}"
+    return f"pulled {len(pulled)} artifacts from {ws.remote}"
 
 
-def explain(settings: project.Settings, target: str) -> str:
+def explain(ws: Workspace, target: str) -> str:
     """Why each stage that must rebuild does: the inputs that differ from its last build."""
-    with remote_mod.session(settings.remote, verified_in=settings.verified_in) as remote:
-        planned = project.plan(settings, target, remote=remote)
+    with remote_mod.session(ws.remote, verified_in=ws.verified_in) as remote:
+        planned = project.plan(ws, target, remote=remote)
     building = to_build(planned)
     if not building:
         return f"{target}: nothing to build; every stage needed is cached"
-    last_dir = cachedir.last_builds(settings.cache_dir)
+    last_dir = cachedir.last_builds(ws.cache_dir)
     lines = []
     for name in building:
         stage = planned.stage(name)

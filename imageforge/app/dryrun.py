@@ -6,7 +6,8 @@ import json
 import shlex
 from pathlib import Path
 
-from imageforge.app import bakes, project
+from imageforge.app import bakes
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.results import BuildOptions
 from imageforge.buildkit.sbom import SBOM_GENERATOR
 from imageforge.cache.artifacts import ArtifactStore
@@ -18,24 +19,24 @@ from imageforge.planning.plan import Plan
 from imageforge.sources.sources import SourceCache
 
 
-def print_dry_run(settings: project.Settings, planned: Plan, options: BuildOptions,
+def print_dry_run(ws: Workspace, planned: Plan, options: BuildOptions,
                   store: ArtifactStore) -> None:
     """Each bake the build would run (app/bakes.py, as `build` makes them): its argv, its
     bake file and its Dockerfile. Sources not fetched yet show where they will be; a stage an
     earlier bake of this build stores shows as that artifact. Writes nothing."""
-    cache = project.source_cache(settings)
+    cache = ws.sources
     building = to_build(planned)
     contexts = {src.name: str(_planned_path(cache, src))
                 for name in building for src in planned.stage(name).sources}
     for name in reused(planned, building):
         contexts[name] = f"<{planned.stage(name).status} artifact {planned.stage(name).key[:19]}>"
-    workdir = settings.cache_dir.resolve() / "build" / planned.target
+    workdir = ws.cache_dir.resolve() / "build" / planned.target
     tag = options.tag or default_tag(planned)
     parts = waves(planned, building) or [[]]
     print(f"# stages to build: {', '.join(building) or 'none'}")
     for number, part in enumerate(parts):
         last = number == len(parts) - 1
-        bake = bakes.wave(settings, options, store, planned, part, contexts,
+        bake = bakes.wave(ws, options, store, planned, part, contexts,
                           workdir / f"bake-{number}", tag=tag if last else None,
                           sbom_generator=SBOM_GENERATOR if options.push and last else None)
         print("+ " + shlex.join(bake.bake.argv()))

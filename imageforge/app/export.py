@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cmd import docker, docker_binary, popen
 from imageforge.errors import BuildError, CacheError, UsageError
@@ -64,13 +65,13 @@ def check_destination(dest: Path) -> Path:
     return dest
 
 
-def export(settings: project.Settings, target: str, dest: Path) -> Path:
+def export(ws: Workspace, target: str, dest: Path) -> Path:
     """Write the export of `target` (already built) to `dest`; nothing is left at `dest` when
     it fails."""
     dest = check_destination(dest)
-    planned = project.plan(settings, target)
+    planned = project.plan(ws, target)
     stages = exported_stages(planned)
-    store = project.artifact_store(settings)
+    store = ws.store
     contexts = _contexts(store, planned, stages)
     with tempfile.TemporaryDirectory(prefix="imageforge-export-") as tmp:
         (Path(tmp) / "Dockerfile").write_text(dockerfile(planned, stages))

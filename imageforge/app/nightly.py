@@ -25,6 +25,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from imageforge import cachedir, jsonfile, log
 from imageforge.app import project, verify
 from imageforge.app.build import build
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cache import remote as remote_mod
 from imageforge.cmd import docker
@@ -92,15 +93,15 @@ class Nightly:
             step.seconds = round(time.monotonic() - clock, 2)
 
 
-def run(settings: project.Settings, options: NightlyOptions) -> Nightly:
-    target = options.target or project.default_target(settings)
-    report = Nightly(manifest=manifest_label(settings.manifest), target=target,
+def run(ws: Workspace, options: NightlyOptions) -> Nightly:
+    target = options.target or project.default_target(ws)
+    report = Nightly(manifest=manifest_label(ws.manifest), target=target,
                      started=_now())
     try:
         with report.step("lock --upgrade") as step:
-            _, report.lock_changes = project.write_lock(settings, upgrade=True)
+            _, report.lock_changes = project.write_lock(ws, upgrade=True)
             step.detail = "; ".join(report.lock_changes) or "no pin moved"
-        _image(dataclasses.replace(settings, locked=True), options, report)
+        _image(dataclasses.replace(ws, locked=True), options, report)
     except FatalError as exc:
         report.status, report.error = "failed", str(exc)
         raise
@@ -113,10 +114,10 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _image(settings: project.Settings, options: NightlyOptions, report: Nightly) -> None:
+def _image(ws: Workspace, options: NightlyOptions, report: Nightly) -> None:
     """Build (what changed), test, budget, push and promote one image whose lock is settled."""
-    planned = project.plan(settings, report.target)
-    state_path = _state_path(settings, planned.manifest.image.get("name") or report.target,
+    planned = project.plan(ws, report.target)
+    state_path = _state_path(ws, planned.manifest.image.get("name") or report.target,
                              options.channel)
     last = read_object(state_path)
     if not report.lock_changes and last and last.get("key") == planned.key:
@@ -125,18 +126,18 @@ def _image(settings: project.Settings, options: NightlyOptions, report: Nightly)
                         "size": last.get("size")}
         report.steps.append(Step(name="build", status="skipped",
                                  detail=f"{options.channel} already holds key {planned.key[:19]}"))
-        _verify(settings, options, report)
+        _verify(ws, options, report)
         return
     tag = golden.tag_for(planned, options.template, repository=options.repository)
     with report.step("build") as step:
-        result = build(settings, BuildOptions(target=report.target, tag=tag, progress="plain"))
+        result = build(ws, BuildOptions(target=report.target, tag=tag, progress="plain"))
         assert result is not None
         report.rebuilt = result.rebuilt
         report.built_keys = [s.key for s in result.stages if s.state == "built"]
         step.detail = "rebuilt: " + (", ".join(result.rebuilt) or "nothing")
     with report.step("test-image") as step:
-        step.detail = _test(settings, tag)
-    _verify(settings, options, report)
+        step.detail = _test(ws, tag)
+    _verify(ws, options, report)
     digest = _local_digest(tag)
     size = golden.image_size(tag)
     report.image = {"tag": tag, "digest": digest, "size": size}
@@ -154,21 +155,21 @@ def _image(settings: project.Settings, options: NightlyOptions, report: Nightly)
                 step.detail = tag
         with report.step("promote") as step:
             report.promoted = golden.promote(ref, options.channel,
-                                             cache_dir=settings.cache_dir, env=env)
+                                             cache_dir=ws.cache_dir, env=env)
             step.detail = f"{report.promoted} -> {digest}"
     _write_json(state_path, {"key": planned.key, "ref": tag, "digest": digest, "size": size,
                              "promoted": report.promoted, "date": report.started})
     report.status = "ok"
 
 
-def _verify(settings: project.Settings, options: NightlyOptions, report: Nightly) -> None:
+def _verify(ws: Workspace, options: NightlyOptions, report: Nightly) -> None:
     """`--verify N`: rebuild the N stages verified longest ago from scratch and compare them
     with their artifacts; a difference fails the nightly before anything is promoted."""
     if not options.verify:
         return
     with report.step("verify --rebuild") as step:
-        chosen = verify.least_recently_verified(settings, report.target, options.verify)
-        verdicts = verify.rebuild(settings, report.target, chosen, progress="plain",
+        chosen = verify.least_recently_verified(ws, report.target, options.verify)
+        verdicts = verify.rebuild(ws, report.target, chosen, progress="plain",
                                   ca_bundle=cabundle.resolve(None))
         report.verified = [v.to_json() for v in verdicts]
         step.detail = ", ".join(f"{v.stage} {v.result}" for v in verdicts) or "no stage"
@@ -179,7 +180,7 @@ def _verify(settings: project.Settings, options: NightlyOptions, report: Nightly
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MatrixImage:
-    settings: project.Settings         # the image's manifest with its --set overrides
+    ws: Workspace         # the image's manifest with its --set overrides
     target: str | None
     tag: str | None
     label: str
@@ -209,20 +210,20 @@ def run_matrix(file: str, images: list[MatrixImage], options: NightlyOptions) ->
     report = MatrixNightly(file=file, started=_now())
     first: FatalError | None = None
     try:
-        for manifest in dict.fromkeys(image.settings.manifest for image in images):
-            base = dataclasses.replace(images[0].settings, manifest=manifest, overrides=())
+        for manifest in dict.fromkeys(image.ws.manifest for image in images):
+            base = dataclasses.replace(images[0].ws, manifest=manifest, overrides=())
             _, report.lock_changes[manifest_label(manifest)] = project.write_lock(
                 base, upgrade=True)
         for image in images:
-            settings = dataclasses.replace(image.settings,
-                                           locked=not image.settings.overrides)
+            ws = dataclasses.replace(image.ws,
+                                           locked=not image.ws.overrides)
             one = Nightly(manifest=image.label, target=image.target
-                          or project.default_target(settings), started=_now())
+                          or project.default_target(ws), started=_now())
             one.lock_changes = report.lock_changes[manifest_label(
-                image.settings.manifest)]
+                image.ws.manifest)]
             report.images.append(one)
             try:
-                _image(settings, _options_for(image, options), one)
+                _image(ws, _options_for(image, options), one)
             except FatalError as exc:
                 one.status, one.error = "failed", str(exc)
                 first = first or exc
@@ -254,24 +255,24 @@ def _distinct_channels(images: list[MatrixImage]) -> None:
     for image in images:
         if image.tag:
             continue
-        key = (str(image.settings.manifest), image.target)
+        key = (str(image.ws.manifest), image.target)
         if key in seen:
             raise UsageError(f"matrix images {seen[key]!r} and {image.label!r} would promote "
                              "the same channel tag; give each a tag in the matrix file.")
         seen[key] = image.label
 
 
-def _test(settings: project.Settings, image: str) -> str:
-    checks = run_image_tests(project.plan(settings, image_target(settings, image)), image)
-    publish(settings.cache_dir, checks)
+def _test(ws: Workspace, image: str) -> str:
+    checks = run_image_tests(project.plan(ws, image_target(ws, image)), image)
+    publish(ws.cache_dir, checks)
     require_passed(checks)
     return summary(checks)
 
 
-def image_target(settings: project.Settings, image: str) -> str:
+def image_target(ws: Workspace, image: str) -> str:
     """The target `image` was built for: its label (every image imageforge builds has it),
     else the image the manifest defines."""
-    return image_labels(image).get("io.imageforge.target") or project.default_target(settings)
+    return image_labels(image).get("io.imageforge.target") or project.default_target(ws)
 
 
 def _local_digest(ref: str) -> str:
@@ -285,8 +286,8 @@ def _push(tag: str, env: dict[str, str] | None) -> None:
         raise RegistryError(f"pushing {tag} failed: {' '.join(last) or 'no output'}")
 
 
-def _state_path(settings: project.Settings, name: str, channel: str) -> Path:
-    return cachedir.golden(settings.cache_dir, name, channel)
+def _state_path(ws: Workspace, name: str, channel: str) -> Path:
+    return cachedir.golden(ws.cache_dir, name, channel)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from typing import Literal
 from imageforge import cachedir
 from imageforge.app import project
 from imageforge.app.build import image_store
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit import bake, cachemounts
 from imageforge.buildkit.bake import Invocation, builder_args
 from imageforge.buildkit.progress import BuildProgress, Mode
@@ -73,16 +74,16 @@ class Verdict:
         return dataclasses.asdict(self) | {"failed": self.failed}
 
 
-def rebuild(settings: project.Settings, target: str, stages: Sequence[str], *,
+def rebuild(ws: Workspace, target: str, stages: Sequence[str], *,
             builder: str | None = None, progress: Mode = "auto",
             ca_bundle: Path | None = None) -> list[Verdict]:
     """Rebuild `stages` of `target`'s plan (all it builds when empty) and compare each with
-    its stored artifact and the remote cache's (settings.remote), recording what matched.
+    its stored artifact and the remote cache's (ws.remote), recording what matched.
     Every one must be in the local or the remote cache."""
-    store = project.artifact_store(settings, images=image_store(builder))
+    store = ws.store_for(image_store(builder))
     # The registry as it is, whatever the trust policy: this is what checks it.
-    with remote_mod.session(settings.remote) as remote:
-        planned = project.plan(settings, target, remote=remote)
+    with remote_mod.session(ws.remote) as remote:
+        planned = project.plan(ws, target, remote=remote)
         buildable = [s.name for s in planned.stages if not is_external(s)]
         unknown = [name for name in stages if name not in buildable]
         if unknown:
@@ -98,13 +99,13 @@ def rebuild(settings: project.Settings, target: str, stages: Sequence[str], *,
         scratch = store.scratch()
         secrets = {CA_BUNDLE_SECRET: str(ca_bundle)} if ca_bundle else {}
         try:
-            return [_one(settings, store, remote, planned, name, scratch / name, builder,
+            return [_one(ws, store, remote, planned, name, scratch / name, builder,
                          progress, secrets) for name in chosen]
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _one(settings: project.Settings, store: ArtifactStore, remote: Remote | None,
+def _one(ws: Workspace, store: ArtifactStore, remote: Remote | None,
          planned: Plan, name: str, workdir: Path, builder: str | None, progress: Mode,
          secrets: Mapping[str, str]) -> Verdict:
     stage = planned.stage(name)
@@ -114,20 +115,20 @@ def _one(settings: project.Settings, store: ArtifactStore, remote: Remote | None
                        detail=f"not rebuilt: declared not reproducible: "
                               f"{declared.reproducible_reason}")
     started = time.time()
-    out = _rebuild(settings, store, remote, planned, name, workdir, builder, progress, secrets)
+    out = _rebuild(ws, store, remote, planned, name, workdir, builder, progress, secrets)
     verdict = Verdict(stage=name, key=stage.key, result="same", rebuilt=top_digest(out))
     if stage.status == "cached":
         verdict = _against_stored(verdict, _stored(store, planned, name), out, workdir)
     if remote is not None and not verdict.failed:
         verdict = _against_remote(verdict, store, remote, out, workdir)
     if not verdict.failed:
-        verified.record(settings.cache_dir, key=stage.key, stage=name, digest=verdict.rebuilt,
+        verified.record(ws.cache_dir, key=stage.key, stage=name, digest=verdict.rebuilt,
                         remote=remote.repository if verdict.remote_digest and remote else None,
                         remote_digest=verdict.remote_digest or None)
     return dataclasses.replace(verdict, seconds=round(time.time() - started, 1))
 
 
-def _rebuild(settings: project.Settings, store: ArtifactStore, remote: Remote | None,
+def _rebuild(ws: Workspace, store: ArtifactStore, remote: Remote | None,
              planned: Plan, name: str, workdir: Path, builder: str | None, progress: Mode,
              secrets: Mapping[str, str]) -> Path:
     """The stage built again from scratch, as an OCI layout."""
@@ -135,10 +136,10 @@ def _rebuild(settings: project.Settings, store: ArtifactStore, remote: Remote | 
     contexts = {dep: _input(store, remote, planned, dep)
                 for dep in read_by(planned, [name]) if not is_external(planned.stage(dep))}
     contexts.update({src: str(path) for src, path in
-                     project.source_cache(settings).materialize_all(stage.sources).items()})
+                     ws.sources.materialize_all(stage.sources).items()})
     for context, (path, digest) in stage.local_dirs.items():
         contexts[context] = str(localtree.snapshot(Path(path), digest,
-                                                 cachedir.local_trees(settings.cache_dir)))
+                                                 cachedir.local_trees(ws.cache_dir)))
     run = make_run(planned, planned.registry, [name], contexts, final=False)
     out = workdir / "rebuilt"
     (workdir / "context").mkdir(parents=True)
@@ -241,12 +242,12 @@ def raise_if_failed(verdicts: Sequence[Verdict], against: str = "its stored arti
             "reason.")
 
 
-def least_recently_verified(settings: project.Settings, target: str, count: int) -> list[str]:
+def least_recently_verified(ws: Workspace, target: str, count: int) -> list[str]:
     """The `count` stages of `target` that a rebuild verified longest ago (never first), so
     that a nightly verifying a few a night covers them all in turn."""
-    planned = project.plan(settings, target)
+    planned = project.plan(ws, target)
     stages = [s for s in planned.stages
               if not is_external(s) and planned.registry[s.name].reproducible]
-    when = {s.name: float((verified.lookup(settings.cache_dir, s.key) or {})
+    when = {s.name: float((verified.lookup(ws.cache_dir, s.key) or {})
                           .get("verified_at", 0.0)) for s in stages}
     return [s.name for s in sorted(stages, key=lambda s: when[s.name])][:count]

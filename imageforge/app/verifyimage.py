@@ -19,6 +19,7 @@ from pathlib import Path
 from imageforge.app import project
 from imageforge.app.build import build
 from imageforge.app.verify import IMAGE_STORE_NOTE, Verdict, save_image
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.progress import Mode
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cache import remote as remote_mod
@@ -29,27 +30,27 @@ from imageforge.errors import DockerError, LockError, UsageError
 from imageforge.model.imageref import registry_host
 
 
-def verify_image(settings: project.Settings, ref: str, *, builder: str | None = None,
+def verify_image(ws: Workspace, ref: str, *, builder: str | None = None,
                  progress: Mode = "auto", ca_bundle: Path | None = None) -> Verdict:
     image_id, labels = _image(ref)
     target = labels.get(f"{LABEL_PREFIX}.target")
     if not target:
         raise UsageError(f"verify --image {ref}: the image has no {LABEL_PREFIX}.target label; "
                          "imageforge did not build it.")
-    planned = project.plan(settings, target)
+    planned = project.plan(ws, target)
     revision = labels.get(f"{LABEL_PREFIX}.revision", "unknown")
     moved = [s.name for s in planned.stages
              if labels.get(f"{LABEL_PREFIX}.key.{s.name}") != s.key]
     if labels.get(f"{LABEL_PREFIX}.manifest-digest") != planned.manifest.digest() or moved:
         raise LockError(
             f"verify --image {ref}: it was built from {labels.get(f'{LABEL_PREFIX}.manifest')} "
-            f"at imageforge revision {revision}, and {settings.manifest} here plans other keys "
+            f"at imageforge revision {revision}, and {ws.manifest} here plans other keys "
             f"for {', '.join(moved) or 'its stages'}; check out that revision (git checkout "
             f"{revision}) and verify from there.")
-    store = project.artifact_store(settings)
+    store = ws.store
     scratch = store.scratch()
     tag = f"imageforge-verify/{target}:{uuid.uuid4().hex[:12]}"
-    fresh = dataclasses.replace(settings, cache_dir=scratch / "cache", remote=None,
+    fresh = dataclasses.replace(ws, cache_dir=scratch / "cache", remote=None,
                                 image_store=False, trust_verified=False)
     try:
         result = build(fresh, BuildOptions(target=target, tag=tag, builder=builder,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from stages import STAGES
 from tests.integration.conftest import ROOT, docker_out, invoke
 
@@ -58,7 +59,7 @@ def test_every_nccl_check_passes_in_the_image(built: tuple[str, str], cache_dir:
     them over / as an image's assembly does (and runs ldconfig)."""
     output, tag = built
     assert "nvcc" not in output   # nothing was compiled
-    settings = project.Settings(registry=STAGES, manifest=MANIFEST, overrides=(BASE,),
+    settings = Workspace(registry=STAGES, manifest=MANIFEST, overrides=(BASE,),
                                 cache_dir=cache_dir)
     planned = project.plan(settings, "nccl")
     checks = STAGES["nccl"].checks(planned.context)

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.model.stage import Check
 from imageforge.planning.plan import Plan
 from stages import STAGES
@@ -93,7 +94,7 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def planned(manifest: Path, cache_dir: Path) -> Plan:
-    settings = project.Settings(registry=STAGES, manifest=manifest, overrides=(BASE,),
+    settings = Workspace(registry=STAGES, manifest=manifest, overrides=(BASE,),
                                 cache_dir=cache_dir)
     # The training target's plan: its context has every stage the kept image lays down.
     return project.plan(settings, "training")

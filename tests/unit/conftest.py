@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.planning.plan import Plan
 from sample.generate import generate
 from sample.serve import ServerHandle, start_server
@@ -49,7 +50,7 @@ def sample_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def sample_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     """manifests/sample.toml planned for smddp, unresolved (nothing is fetched)."""
-    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
+    settings = Workspace(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
                                 cache_dir=tmp_path_factory.mktemp("cache"))
     return project.plan(settings, "smddp")
 

@@ -42,6 +42,7 @@ from bench.synthetic import (
     synthetic_registry,
 )
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.model.dag import closure
 from imageforge.planning.plan import Plan
 from stages import STAGES
@@ -56,7 +57,7 @@ CHAIN = ["efa", "python", "nccl", "pytorch", "aws-ofi-nccl", "torchvision", "ope
 def sample_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     """The smddp plan of the sample manifest and its committed lock (no network)."""
     cache = tmp_path_factory.mktemp("cache")
-    return project.plan(project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
+    return project.plan(Workspace(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
                                          cache_dir=cache), "smddp")
 
 
@@ -105,7 +106,7 @@ def test_baseline_sets_paths_first_and_versions_last(sample_plan: Plan) -> None:
 
 
 def test_baseline_follows_the_plan_after_a_pin_change(tmp_path: Path) -> None:
-    settings = project.Settings(registry=STAGES,
+    settings = Workspace(registry=STAGES,
                                 manifest=ROOT / "manifests/sample.toml", cache_dir=tmp_path,
                                 overrides=("stages.boost.version=1.74.0",
                                            "stages.nccl.version=2.10.3"))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.model.stage import Context
 from stages import STAGES, pytorch, torchvision
 
@@ -20,7 +21,7 @@ SAMPLE = ROOT / "manifests/sample.toml"
 
 
 def stage_recipe(manifest: Path, name: str, *sets: str) -> str:
-    planned = project.plan(project.Settings(registry=STAGES,
+    planned = project.plan(Workspace(registry=STAGES,
                                             manifest=manifest, overrides=sets), "smddp")
     return next(s.recipe for s in planned.stages if s.name == name)
 

@@ -14,6 +14,7 @@ import yaml
 
 from imageforge.app import project
 from imageforge.app.build import build
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.results import BuildOptions
 from imageforge.errors import LockError
 from imageforge.image import cigen
@@ -28,7 +29,7 @@ BIN = Path(sys.executable).parent
 
 
 def planned(tmp_path: Path, target: str, *overrides: str) -> Plan:
-    settings = project.Settings(registry=STAGES, manifest=SAMPLE, overrides=overrides,
+    settings = Workspace(registry=STAGES, manifest=SAMPLE, overrides=overrides,
                                 cache_dir=tmp_path / "cache")
     return project.plan(settings, target)
 
@@ -171,9 +172,9 @@ def test_the_example_nightly_workflow_passes_the_linters() -> None:
 
 
 def test_a_job_refuses_a_key_other_than_the_one_it_was_generated_for(tmp_path: Path) -> None:
-    settings = project.Settings(registry=STAGES, manifest=SAMPLE, cache_dir=tmp_path / "cache")
+    settings = Workspace(registry=STAGES, manifest=SAMPLE, cache_dir=tmp_path / "cache")
     key = project.plan(settings, "boost").key
-    moved = project.Settings(registry=STAGES,
+    moved = Workspace(registry=STAGES,
                              manifest=SAMPLE, overrides=("stages.boost.version=1.74.0",
                                                          "stages.boost.sha256=" + "e" * 64),
                              cache_dir=tmp_path / "cache")

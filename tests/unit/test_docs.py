@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
-from imageforge.app.project import DEFAULT_MANIFEST
+from imageforge.app.workspace import DEFAULT_MANIFEST, Workspace
 from imageforge.model.manifest import load
 from imageforge.model.reference import page
 from imageforge.model.sourcetypes import GitSource
@@ -90,7 +90,7 @@ def test_offline_documented_commands_run(argv: list[str], tmp_path: Path) -> Non
                             capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr
     manifest = (option(argv, "--manifest") or [str(DEFAULT_MANIFEST)])[-1]
-    settings = project.Settings(registry=STAGES, manifest=ROOT / manifest,
+    settings = Workspace(registry=STAGES, manifest=ROOT / manifest,
                                 overrides=tuple(option(argv, "--set")), cache_dir=tmp_path)
 
     def target() -> str:

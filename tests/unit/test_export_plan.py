@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import export, project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import UsageError
 from stages import STAGES
 
@@ -25,7 +26,7 @@ def test_a_tar_destination_is_written_under_another_name_and_a_tree_is_streamed(
 
 
 def test_the_export_holds_each_gathered_stage_and_nothing_of_the_base() -> None:
-    planned = project.plan(project.Settings(registry=STAGES,
+    planned = project.plan(Workspace(registry=STAGES,
                                             manifest=Path("manifests/real-efa-nccl.toml")),
                            "efa-nccl")
     stages = export.exported_stages(planned)

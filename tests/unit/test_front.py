@@ -16,7 +16,7 @@ from invoke.context import Context
 
 import tasks
 from imageforge import front
-from imageforge.app import project
+from imageforge.app.workspace import DEFAULT_MANIFEST
 from imageforge.errors import ManifestError, UsageError
 from imageforge.sources.mirror import Rewrite
 from stages import STAGES
@@ -43,8 +43,8 @@ def configured(tmp_path: Path, yaml: str | None = None) -> front.Config:
 
 
 def test_without_flags_or_configuration_the_defaults_hold(tmp_path: Path) -> None:
-    s = front.settings(configured(tmp_path))
-    assert s.manifest == project.DEFAULT_MANIFEST
+    s = front.workspace(configured(tmp_path))
+    assert s.manifest == DEFAULT_MANIFEST
     assert s.cache_dir == Path("cache")
     assert (s.remote, s.layer_cache, s.mirror, s.locked) == (None, None, None, False)
     assert (s.overrides, s.rewrites) == ((), ())
@@ -63,14 +63,14 @@ imageforge:
 
 
 def test_invoke_yaml_beats_the_defaults(tmp_path: Path) -> None:
-    s = front.settings(configured(tmp_path, YAML))
+    s = front.workspace(configured(tmp_path, YAML))
     assert s.manifest == Path("from-yaml.toml")
     assert s.cache_dir == Path("yaml-cache")
     assert s.remote == "yaml.example/cache"
     assert s.rewrites == (Rewrite(prefix="https://a.example/", replace="https://b.example/"),)
     # Only a build keeps BuildKit's layer cache: other commands never read the setting.
     assert s.layer_cache is None
-    assert front.settings(configured(tmp_path, YAML), layer_cache=True).layer_cache == (
+    assert front.workspace(configured(tmp_path, YAML), layer_cache=True).layer_cache == (
         "yaml.example/layers")
 
 
@@ -78,7 +78,7 @@ def test_the_environment_beats_invoke_yaml(tmp_path: Path, monkeypatch: pytest.M
                                            ) -> None:
     monkeypatch.setenv("INVOKE_IMAGEFORGE_REMOTE", "env.example/cache")
     monkeypatch.setenv("INVOKE_IMAGEFORGE_MANIFEST", "from-env.toml")
-    s = front.settings(configured(tmp_path, YAML))
+    s = front.workspace(configured(tmp_path, YAML))
     assert (s.remote, s.manifest) == ("env.example/cache", Path("from-env.toml"))
     assert s.cache_dir == Path("yaml-cache")
 
@@ -88,7 +88,7 @@ def test_flags_beat_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     flags = front.Flags(manifest="flag.toml", overrides=["image.python=3.11"], locked=True,
                         remote="flag.example/cache", mirror="/mirror",
                         layer_cache="flag.example/layers")
-    s = front.settings(configured(tmp_path, YAML), flags, layer_cache=True)
+    s = front.workspace(configured(tmp_path, YAML), flags, layer_cache=True)
     assert s.manifest == Path("flag.toml")
     assert s.overrides == ("image.python=3.11",)
     assert (s.locked, s.mirror) == (True, "/mirror")
@@ -97,8 +97,8 @@ def test_flags_beat_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_an_empty_setting_is_not_set(tmp_path: Path) -> None:
     config = configured(tmp_path, "imageforge:\n  remote: ''\n  manifest: ''\n")
-    s = front.settings(config)
-    assert (s.remote, s.manifest) == (None, project.DEFAULT_MANIFEST)
+    s = front.workspace(config)
+    assert (s.remote, s.manifest) == (None, DEFAULT_MANIFEST)
     assert front.pick(None, config, "remote") is None
     assert front.pick("", config, "remote") is None
 
@@ -124,25 +124,25 @@ def test_stage_dirs_a_list_or_a_path_like_string(tmp_path: Path) -> None:
     assert front.stage_dirs(f"a{os.pathsep}{os.pathsep}b") == (Path("a"), Path("b"))
     assert front.stage_dirs(["a", "b"]) == (Path("a"), Path("b"))
     with pytest.raises(UsageError) as caught:
-        front.settings(configured(tmp_path, "imageforge:\n  stage_dirs: 3\n"))
+        front.workspace(configured(tmp_path, "imageforge:\n  stage_dirs: 3\n"))
     assert str(caught.value) == ("imageforge.stage_dirs = 3: give a directory or a list of "
                                  "directories of stage modules.")
     team = tmp_path / "team"
     team.mkdir()
-    s = front.settings(configured(tmp_path, f"imageforge:\n  stage_dirs: [{team}]\n"))
+    s = front.workspace(configured(tmp_path, f"imageforge:\n  stage_dirs: [{team}]\n"))
     assert dict(s.registry) == STAGES
 
 
 def test_a_bad_rewrite_setting_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match=r"^imageforge\.rewrite in the invoke config"):
-        front.settings(configured(tmp_path, "imageforge:\n  rewrite: 3\n"))
+        front.workspace(configured(tmp_path, "imageforge:\n  rewrite: 3\n"))
 
 
 # ---- the user's code: data on the stage, not a name in the front end ------------------------
 
 def test_code_and_program_become_overrides_after_the_sets(tmp_path: Path) -> None:
     flags = front.Flags(overrides=["image.python=3.11"], code=str(tmp_path), program="train.py")
-    s = front.settings(configured(tmp_path), flags)
+    s = front.workspace(configured(tmp_path), flags)
     taker = front.code_stage(STAGES)
     assert taker.takes_code
     assert s.overrides == ("image.python=3.11", f"stages.{taker.name}.dir={tmp_path.resolve()}",
@@ -172,7 +172,7 @@ def test_code_without_program_is_refused_before_anything_is_read(tmp_path: Path)
     with pytest.raises(UsageError, match="--code and --program go together"):
         list(front.build(broken, front.Flags(code=str(tmp_path)), front.BuildRequest()))
     with pytest.raises(UsageError, match="--code and --program go together"):
-        front.settings(configured(tmp_path), front.Flags(program="train.py"))
+        front.workspace(configured(tmp_path), front.Flags(program="train.py"))
 
 
 # ---- validation: the sentences the flags always gave -------------------------------------------
@@ -289,18 +289,18 @@ def test_matrix_plan_shares_what_two_images_have_in_common(tmp_path: Path) -> No
 
 def test_whole_image_artifacts_go_to_the_image_store_unless_configured_otherwise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert front.settings(configured(tmp_path)).image_store
-    store = project.artifact_store(front.settings(configured(tmp_path)))
+    assert front.workspace(configured(tmp_path)).image_store
+    store = front.workspace(configured(tmp_path)).store
     assert store.images is not None
     monkeypatch.setenv("INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS", "oci-layout")
-    layouts = front.settings(configured(tmp_path))
+    layouts = front.workspace(configured(tmp_path))
     assert not layouts.image_store
-    assert project.artifact_store(layouts).images is None
+    assert layouts.store.images is None
     monkeypatch.setenv("INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS", "registry")
     with pytest.raises(UsageError, match=r"^imageforge.image_artifacts = 'registry': give one "
                                          r"of image-store, oci-layout \(invoke.yaml or "
                                          r"INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS\)\.$"):
-        front.settings(configured(tmp_path))
+        front.workspace(configured(tmp_path))
 
 
 @pytest.mark.parametrize("run", ["build", "matrix.build"])

@@ -13,6 +13,7 @@ from werkzeug import Request, Response
 
 from imageforge.app import project
 from imageforge.app.nightly import Nightly, Step, junit, markdown, notify
+from imageforge.app.workspace import Workspace
 from imageforge.errors import FatalError, ImageCheckError
 from imageforge.image import golden
 from imageforge.planning.plan import Plan
@@ -23,7 +24,7 @@ DAY = datetime(2026, 11, 29, tzinfo=UTC)
 
 
 def plan(manifest: str, target: str) -> Plan:
-    return project.plan(project.Settings(registry=STAGES, manifest=ROOT / manifest), target)
+    return project.plan(Workspace(registry=STAGES, manifest=ROOT / manifest), target)
 
 
 def test_default_tag_names_every_component_and_the_date() -> None:

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from imageforge import uptodate
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.cache import verified
 from imageforge.cache.artifacts import ArtifactStore, key_hex
 from imageforge.errors import FatalError
@@ -105,7 +106,7 @@ def planned_dockerfile(folder: Path, lock: Any) -> str:
     manifest = folder / TORCH.name
     manifest.write_text(TORCH.read_text())
     (folder / f"{TORCH.stem}.lock.json").write_text(json.dumps(lock))
-    chosen = project.Settings(registry=STAGES, manifest=manifest, cache_dir=folder / "cache",
+    chosen = Workspace(registry=STAGES, manifest=manifest, cache_dir=folder / "cache",
                               locked=True)
     return project.dockerfile(project.plan(chosen, TARGET))
 

@@ -19,6 +19,7 @@ from invoke.exceptions import Exit
 
 import tasks
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.results import BuildResult
 from imageforge.errors import ImageCheckError
 from imageforge.image import checkreport, checks, smoke
@@ -134,7 +135,7 @@ def test_hardware_args_hand_over_the_hosts_devices(tmp_path: Path) -> None:
 
 
 def test_environment_check_compares_with_what_the_stage_declares() -> None:
-    ctx = project.plan(project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml"),
+    ctx = project.plan(Workspace(registry=STAGES, manifest=ROOT / "manifests/sample.toml"),
                        "smddp").context
     check = checks.environment_check(STAGES["efa"], ctx)
     assert check is not None
@@ -154,7 +155,7 @@ def test_environment_check_compares_with_what_the_stage_declares() -> None:
     ("manifests/sample.toml", "smddp"), ("manifests/smddp.toml", "smddp"),
     ("manifests/efa-nccl.toml", "efa-nccl"), ("manifests/pt25-cu124.toml", "smddp")])
 def test_every_image_script_is_valid_bash(manifest: str, target: str, tmp_path: Path) -> None:
-    planned = project.plan(project.Settings(registry=STAGES,
+    planned = project.plan(Workspace(registry=STAGES,
                                             manifest=ROOT / manifest, cache_dir=tmp_path),
                            target)
     found = checks.image_checks(planned)
@@ -304,7 +305,7 @@ def built(monkeypatch: pytest.MonkeyPatch, run: CheckRun) -> list[str]:
 
     checked: list[str] = []
 
-    def fake_build(_settings: project.Settings, options: Any) -> BuildResult:
+    def fake_build(_settings: Workspace, options: Any) -> BuildResult:
         return BuildResult(target=options.target, tag="img:tag", stages=(), seconds=1.0,
                            report=None)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import ManifestError
 from imageforge.model.manifest import load, show
 from stages import STAGES
@@ -30,7 +31,7 @@ prefix = "/opt/nccl"
 
 
 def keys(path: Path) -> dict[str, str]:
-    planned = project.plan(project.Settings(registry=STAGES,
+    planned = project.plan(Workspace(registry=STAGES,
                                             manifest=path, cache_dir=path.parent / "cache"),
                            "smddp")
     return {s.name: s.key for s in planned.stages}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.model.dag import closure
 from imageforge.model.manifest import IMAGE_FIELDS, load
 from imageforge.model.stage import Field
@@ -146,8 +147,8 @@ def test_keys_are_identical_from_another_directory_and_process(tmp_path: Path) -
     shutil.copy(SMDDP, copy)
     script = (
         "import json, sys; from pathlib import Path; from imageforge.app import project; "
-        "from stages import STAGES; "
-        "p = project.plan(project.Settings(registry=STAGES, manifest=Path(sys.argv[1])), "
+        "from imageforge.app.workspace import Workspace; from stages import STAGES; "
+        "p = project.plan(Workspace(registry=STAGES, manifest=Path(sys.argv[1])), "
         "'smddp'); "
         "print(json.dumps({s.name: s.key for s in p.stages}))"
     )
@@ -168,7 +169,7 @@ def test_recipe_text_is_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_key_is_sha256_of_canonical_document() -> None:
-    plan = project.plan(project.Settings(registry=STAGES, manifest=SMDDP), "boost")
+    plan = project.plan(Workspace(registry=STAGES, manifest=SMDDP), "boost")
     for stage in plan.stages:
         assert stage.key.startswith("sha256:")
         assert len(stage.key) == 71

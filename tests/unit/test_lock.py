@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import LockError, SourceError
 from sample.serve import ServerHandle
 from stages import STAGES
@@ -26,8 +27,8 @@ UNPINNED_SMDDP = {
     'sha256 = "87ea8a43b5491be7857c5aa310ee20dbccb567ea82647270a0f25f9ed0a493b0"\n': ""}
 
 
-def settings(manifest: Path, *overrides: str) -> project.Settings:
-    return project.Settings(registry=STAGES, manifest=manifest, overrides=overrides,
+def settings(manifest: Path, *overrides: str) -> Workspace:
+    return Workspace(registry=STAGES, manifest=manifest, overrides=overrides,
                             cache_dir=manifest.parent / "cache")
 
 

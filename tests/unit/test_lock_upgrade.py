@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import CompatibilityError, ManifestError, SourceError
 from imageforge.model.manifest import load
 from imageforge.sources import upstream
@@ -35,8 +36,8 @@ def api() -> Iterator[ScriptedServer]:
         yield running
 
 
-def settings(manifest: Path, *overrides: str) -> project.Settings:
-    return project.Settings(registry=STAGES, manifest=manifest, overrides=overrides,
+def settings(manifest: Path, *overrides: str) -> Workspace:
+    return Workspace(registry=STAGES, manifest=manifest, overrides=overrides,
                             cache_dir=manifest.parent / "cache")
 
 

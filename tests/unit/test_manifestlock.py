@@ -1,4 +1,4 @@
-"""A command reads its manifest and lock once (`Settings.opened`, a ManifestLock): planning,
+"""A command reads its manifest and lock once (`Workspace.opened`, a ManifestLock): planning,
 the waivers, the default target, the lock's digest for the labels and `--locked` all ask the
 same object. Counted with a real audit hook on open(), not by patching the loader."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import LockError, UsageError
 from imageforge.sources import lockfile
 from stages import STAGES
@@ -38,7 +39,7 @@ def sample(tmp_path: Path) -> Path:
 
 def test_one_command_reads_the_manifest_once_and_the_lock_file_once_plus_its_digest(
         sample: Path, tmp_path: Path) -> None:
-    settings = project.Settings(registry=STAGES, manifest=sample, cache_dir=tmp_path / "cache",
+    settings = Workspace(registry=STAGES, manifest=sample, cache_dir=tmp_path / "cache",
                                 locked=True)
     OPENED.clear()
     WATCHING[0] = True
@@ -60,11 +61,11 @@ def test_one_command_reads_the_manifest_once_and_the_lock_file_once_plus_its_dig
 
 def test_a_new_settings_reads_again_and_a_written_lock_is_read_anew(
         sample: Path, tmp_path: Path) -> None:
-    settings = project.Settings(registry=STAGES, manifest=sample, cache_dir=tmp_path / "cache")
+    settings = Workspace(registry=STAGES, manifest=sample, cache_dir=tmp_path / "cache")
     assert project.current_lock(settings) is not None
     lock_path = lockfile.lock_path(sample)
     lock_path.write_text("{}")
     # Same command: the lock it opened is the one it keeps using.
     assert project.current_lock(settings) is not None
     with pytest.raises(LockError, match="lock format None"):
-        project.current_lock(project.Settings(registry=STAGES, manifest=sample))
+        project.current_lock(Workspace(registry=STAGES, manifest=sample))

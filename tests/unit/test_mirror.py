@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import ManifestError, SourceError
 from imageforge.sources.mirror import Locations, Rewrite, parse_rewrites
 from sample.serve import ServerHandle
@@ -32,8 +33,8 @@ TOKEN = "mirror-secret-7f3a9c"
 SUBMODULES = ("stages.pytorch.submodules=true",)
 
 
-def settings(manifest: Path, cache: str = "cache", **more: Any) -> project.Settings:
-    return project.Settings(registry=STAGES, manifest=manifest, overrides=SUBMODULES,
+def settings(manifest: Path, cache: str = "cache", **more: Any) -> Workspace:
+    return Workspace(registry=STAGES, manifest=manifest, overrides=SUBMODULES,
                             cache_dir=manifest.parent / cache, **more)
 
 
@@ -156,7 +157,7 @@ def test_a_source_missing_from_the_mirror_is_named(
     project.write_lock(settings(manifest), upgrade=False)
     project.mirror_sync(settings(manifest), tmp_path / "mirror")
     newer = ("stages.boost.version=1.74.0", 'stages.boost.sha256=' + "0" * 64)
-    s = project.Settings(registry=STAGES,
+    s = Workspace(registry=STAGES,
                          manifest=manifest, overrides=newer, cache_dir=tmp_path / "c",
                          mirror=str(tmp_path / "mirror"))
     with pytest.raises(SourceError) as refused:

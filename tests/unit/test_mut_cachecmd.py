@@ -12,16 +12,17 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import cachecmd, project
+from imageforge.app.workspace import Workspace
 from imageforge.cache.artifacts import ArtifactStore, Entry
 from imageforge.errors import UsageError
 from stages import STAGES
 from tests.oci_layout import key_of, oci_layout
 
 
-def _add(settings: project.Settings, name: str, stage: str, *, age: float,
+def _add(settings: Workspace, name: str, stage: str, *, age: float,
          layer_bytes: int = 4096) -> Entry:
     """An entry of `stage` last used and created `age` seconds ago."""
-    store = project.artifact_store(settings)
+    store = settings.store
     entry = store.add(key=key_of(name), stage=stage, inputs={"name": name}, build_seconds=1.0,
                       layout=oci_layout(settings.cache_dir.parent / "layouts" / name,
                                         [os.urandom(layer_bytes)]))
@@ -35,8 +36,8 @@ def _add(settings: project.Settings, name: str, stage: str, *, age: float,
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> project.Settings:
-    return project.Settings(registry=STAGES, cache_dir=tmp_path / "cache")
+def settings(tmp_path: Path) -> Workspace:
+    return Workspace(registry=STAGES, cache_dir=tmp_path / "cache")
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -87,18 +88,18 @@ def test_human_age_uses_the_largest_unit_reached(seconds: float, shown: str) -> 
     assert cachecmd.human_age(seconds) == shown
 
 
-def test_prune_needs_a_size_or_an_age(settings: project.Settings) -> None:
+def test_prune_needs_a_size_or_an_age(settings: Workspace) -> None:
     with pytest.raises(UsageError) as info:
         cachecmd.prune(settings, max_size=None, older_than=None, keep_last=0)
     assert str(info.value) == "cache.prune needs --max-size and/or --older-than."
 
 
 def test_prune_by_age_removes_only_older_entries_and_reports_each(
-        settings: project.Settings) -> None:
+        settings: Workspace) -> None:
     old = _add(settings, "old", "nccl", age=3 * 86400)
     new = _add(settings, "new", "nccl", age=3600)
     out = cachecmd.prune(settings, max_size=None, older_than="2d", keep_last=0)
-    store = project.artifact_store(settings)
+    store = settings.store
     assert store.get(old.key) is None
     assert store.get(new.key) is not None
     lines = out.splitlines()
@@ -108,10 +109,10 @@ def test_prune_by_age_removes_only_older_entries_and_reports_each(
 
 
 def test_prune_by_size_removes_the_least_recently_used_first(
-        settings: project.Settings) -> None:
+        settings: Workspace) -> None:
     entries = [_add(settings, f"e{i}", "efa", age=1000 - i, layer_bytes=64 << 10)
                for i in range(3)]
-    store = project.artifact_store(settings)
+    store = settings.store
     one = store.size([entries[2]])
     out = cachecmd.prune(settings, max_size=str(one + 100), older_than=None, keep_last=0)
     assert [e.key for e in store.all_entries()] == [entries[2].key]
@@ -121,22 +122,22 @@ def test_prune_by_size_removes_the_least_recently_used_first(
 
 
 def test_prune_keep_last_protects_the_newest_of_each_stage(
-        settings: project.Settings) -> None:
+        settings: Workspace) -> None:
     a_old = _add(settings, "a-old", "nccl", age=9 * 86400)
     a_new = _add(settings, "a-new", "nccl", age=8 * 86400)
     b_only = _add(settings, "b-only", "efa", age=9 * 86400)
     cachecmd.prune(settings, max_size=None, older_than="1d", keep_last=1)
-    left = {e.key for e in project.artifact_store(settings).all_entries()}
+    left = {e.key for e in settings.store.all_entries()}
     assert left == {a_new.key, b_only.key}
     assert a_old.key not in left
     # keep_last 0 means no protection at all
     out = cachecmd.prune(settings, max_size=None, older_than="1d", keep_last=0)
-    assert project.artifact_store(settings).all_entries() == []
+    assert settings.store.all_entries() == []
     assert out.splitlines()[-1].startswith("2 removed; ")
 
 
 def test_list_entries_table_sorts_by_stage_then_most_recent(
-        settings: project.Settings) -> None:
+        settings: Workspace) -> None:
     b = _add(settings, "b", "nccl", age=7200)
     a_old = _add(settings, "a-old", "efa", age=2 * 86400)
     a_new = _add(settings, "a-new", "efa", age=120)
@@ -153,7 +154,7 @@ def test_list_entries_table_sorts_by_stage_then_most_recent(
     assert len(lines) == 5
 
 
-def test_list_entries_json_is_every_entrys_meta(settings: project.Settings) -> None:
+def test_list_entries_json_is_every_entrys_meta(settings: Workspace) -> None:
     b = _add(settings, "b", "nccl", age=10)
     a = _add(settings, "a", "efa", age=20)
     data = json.loads(cachecmd.list_entries(settings, as_json=True))
@@ -168,7 +169,7 @@ def test_differences_name_each_changed_input_with_unset_for_missing() -> None:
     assert cachecmd._differences(new, new) == []
 
 
-def test_list_entries_json_is_indented_by_two(settings: project.Settings) -> None:
+def test_list_entries_json_is_indented_by_two(settings: Workspace) -> None:
     entry = _add(settings, "b", "nccl", age=10)
     assert cachecmd.list_entries(settings, as_json=True) == json.dumps([entry.meta()], indent=2)
 
@@ -176,14 +177,14 @@ def test_list_entries_json_is_indented_by_two(settings: project.Settings) -> Non
 EFA_NCCL = Path(__file__).resolve().parents[2] / "manifests/efa-nccl.toml"
 
 
-def _last(settings: project.Settings, name: str, record: dict[str, object]) -> None:
+def _last(settings: Workspace, name: str, record: dict[str, object]) -> None:
     last = settings.cache_dir / "artifacts" / "last"
     last.mkdir(parents=True, exist_ok=True)
     (last / f"{name}.json").write_text(json.dumps(record))
 
 
 def test_explain_gives_each_rebuild_its_reason(tmp_path: Path) -> None:
-    settings = project.Settings(registry=STAGES, manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
+    settings = Workspace(registry=STAGES, manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
     plan = project.plan(settings, "efa-nccl")
     order = [s.name for s in plan.stages]
     assert order == ["base", "efa", "nccl", "aws-ofi-nccl", "nccl-tests", "efa-nccl"]
@@ -214,8 +215,8 @@ def test_explain_gives_each_rebuild_its_reason(tmp_path: Path) -> None:
 
 
 def test_explain_with_everything_cached_says_so(tmp_path: Path) -> None:
-    settings = project.Settings(registry=STAGES, manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
-    store = project.artifact_store(settings)
+    settings = Workspace(registry=STAGES, manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
+    store = settings.store
     for i, stage in enumerate(project.plan(settings, "efa-nccl").stages):
         store.add(key=stage.key, stage=stage.name, inputs=dict(stage.inputs), build_seconds=1,
                   layout=oci_layout(tmp_path / "layouts" / str(i), [os.urandom(64)]))
@@ -223,7 +224,7 @@ def test_explain_with_everything_cached_says_so(tmp_path: Path) -> None:
         "efa-nccl: nothing to build; every stage needed is cached"
 
 
-def test_push_and_pull_need_a_remote(settings: project.Settings) -> None:
+def test_push_and_pull_need_a_remote(settings: Workspace) -> None:
     with pytest.raises(UsageError) as info:
         cachecmd.push(settings, None)
     assert str(info.value) == "cache.push needs --remote (or imageforge.remote in invoke.yaml)."

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import cachecmd, project
+from imageforge.app.workspace import Workspace
 from imageforge.cache import remote as remote_mod
 from imageforge.errors import CacheError
 from stages import STAGES as STAGE_REGISTRY
@@ -144,20 +145,20 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> project.Settings:
-    return project.Settings(registry=STAGE_REGISTRY,
+def settings(tmp_path: Path) -> Workspace:
+    return Workspace(registry=STAGE_REGISTRY,
                             manifest=EFA_NCCL, cache_dir=tmp_path / "cache", remote=REPO)
 
 
 @pytest.fixture
-def keys(settings: project.Settings) -> dict[str, str]:
+def keys(settings: Workspace) -> dict[str, str]:
     return {s.name: s.key for s in project.plan(settings, "efa-nccl").stages}
 
 
-def _store_locally(settings: project.Settings, stage: str, key: str) -> str:
+def _store_locally(settings: Workspace, stage: str, key: str) -> str:
     """Add an artifact of `stage` to the local store; its top digest."""
     layout = oci_layout(settings.cache_dir.parent / "layouts" / stage, [os.urandom(256)])
-    entry = project.artifact_store(settings).add(key=key, stage=stage, inputs={},
+    entry = settings.store.add(key=key, stage=stage, inputs={},
                                                  layout=layout, build_seconds=1.0)
     return entry.digest
 
@@ -167,7 +168,7 @@ def _index(layout: Path) -> object:
 
 
 def test_pull_fetches_the_stages_to_build_that_the_registry_holds(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     for name in ("base", "efa"):
         _store_locally(settings, name, keys[name])
     for name in ("efa", "nccl", "nccl-tests"):
@@ -178,7 +179,7 @@ def test_pull_fetches_the_stages_to_build_that_the_registry_holds(
     assert sorted(registry.seen("inspect")) == sorted(registry.ref(n, keys[n]) for n in to_build)
     assert sorted(registry.seen("pull")) == sorted(
         registry.ref(n, keys[n]) for n in ("nccl", "nccl-tests"))
-    store = project.artifact_store(settings)
+    store = settings.store
     for name in ("nccl", "nccl-tests"):
         entry = store.get(keys[name])
         assert entry is not None
@@ -188,16 +189,16 @@ def test_pull_fetches_the_stages_to_build_that_the_registry_holds(
 
 
 def test_pull_with_nothing_in_the_registry_pulls_nothing(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     assert cachecmd.pull(settings, "nccl") == f"pulled 0 artifacts from {REPO}"
     assert sorted(registry.seen("inspect")) == sorted(
         registry.ref(n, keys[n]) for n in ("base", "nccl"))
     assert registry.seen("pull") == []
-    assert project.artifact_store(settings).all_entries() == []
+    assert settings.store.all_entries() == []
 
 
 def test_pull_from_an_unreachable_registry_pulls_nothing_and_says_to_retry(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     registry.publish("nccl", keys["nccl"])
     (registry.root / "down").touch()
     with pytest.raises(CacheError) as info:
@@ -207,7 +208,7 @@ def test_pull_from_an_unreachable_registry_pulls_nothing_and_says_to_retry(
         '"https://127.0.0.1:5000/v2/x": dial tcp 127.0.0.1:5000: connect: connection refused); '
         "nothing was pulled: run cache.pull again once it answers.")
     assert registry.seen("pull") == []
-    assert project.artifact_store(settings).all_entries() == []
+    assert settings.store.all_entries() == []
 
 
 def _wait(check: Callable[[], bool], worker: threading.Thread, what: str) -> None:
@@ -232,7 +233,7 @@ def holding(registry: Registry) -> Iterator[Path]:
 
 
 def test_pull_asks_the_registry_at_most_four_questions_at_once(
-        settings: project.Settings, registry: Registry, keys: dict[str, str],
+        settings: Workspace, registry: Registry, keys: dict[str, str],
         holding: Path) -> None:
     registry.publish("efa-nccl", keys["efa-nccl"])
     before = set(threading.enumerate())
@@ -255,13 +256,13 @@ def test_pull_asks_the_registry_at_most_four_questions_at_once(
 
 
 def test_push_without_a_target_sends_every_local_artifact(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     for name in ("efa", "nccl"):
         _store_locally(settings, name, keys[name])
     assert cachecmd.push(settings, None) == f"pushed 2 of 2 artifacts to {REPO}"
     assert sorted(registry.seen("push")) == sorted(
         registry.ref(n, keys[n]) for n in ("efa", "nccl"))
-    store = project.artifact_store(settings)
+    store = settings.store
     for name in ("efa", "nccl"):
         entry = store.get(keys[name])
         assert entry is not None
@@ -269,7 +270,7 @@ def test_push_without_a_target_sends_every_local_artifact(
 
 
 def test_push_for_a_target_sends_only_its_stages_that_are_cached(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     for name in ("base", "efa"):
         _store_locally(settings, name, keys[name])
     other = "sha256:" + "0f" * 32  # an artifact of no stage efa-nccl needs
@@ -283,14 +284,14 @@ def test_push_for_a_target_sends_only_its_stages_that_are_cached(
 
 @pytest.mark.usefixtures("keys")
 def test_push_with_nothing_cached_for_the_target_pushes_nothing(
-        settings: project.Settings, registry: Registry) -> None:
+        settings: Workspace, registry: Registry) -> None:
     _store_locally(settings, "other", "sha256:" + "0f" * 32)
     assert cachecmd.push(settings, "nccl") == f"pushed 0 of 0 artifacts to {REPO}"
     assert registry.seen("push") == []
 
 
 def test_push_refused_by_the_registry_is_an_error_naming_its_cause(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     for name in ("efa", "nccl"):
         _store_locally(settings, name, keys[name])
     (registry.root / "refuse-push").touch()
@@ -300,11 +301,11 @@ def test_push_refused_by_the_registry_is_an_error_naming_its_cause(
         f"could not push 2 artifact(s) to {REPO} (500 Internal Server Error); the local cache "
         "is unchanged: run cache.push again once the registry answers.")
     assert registry.seen("push") == []
-    assert {e.stage for e in project.artifact_store(settings).all_entries()} == {"efa", "nccl"}
+    assert {e.stage for e in settings.store.all_entries()} == {"efa", "nccl"}
 
 
 def test_explain_counts_what_the_registry_holds_as_cached(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     for name in STAGES:
         registry.publish(name, keys[name])
     assert cachecmd.explain(settings, "efa-nccl") == \
@@ -313,7 +314,7 @@ def test_explain_counts_what_the_registry_holds_as_cached(
 
 
 def test_explain_names_only_the_stages_the_registry_lacks(
-        settings: project.Settings, registry: Registry, keys: dict[str, str]) -> None:
+        settings: Workspace, registry: Registry, keys: dict[str, str]) -> None:
     for name in STAGES[:-1]:
         registry.publish(name, keys[name])
     assert cachecmd.explain(settings, "efa-nccl") == "efa-nccl: never built with this cache"

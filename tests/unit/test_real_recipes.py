@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.planning.dockerfile import APT_CLEAN
 from stages import STAGES
 from stages.nccl import gencode, reproducible_nvcc
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("in_repo_root")
 
 
 def recipes(*sets: str, manifest: str = REAL, target: str = "efa-nccl") -> dict[str, str]:
-    planned = project.plan(project.Settings(registry=STAGES,
+    planned = project.plan(Workspace(registry=STAGES,
                                             manifest=Path(manifest), overrides=sets), target)
     return {s.name: s.recipe for s in planned.stages}
 
@@ -135,7 +136,7 @@ def test_plugin_gets_no_with_nccl_from_1_5() -> None:
 
 def test_builders_that_link_libfabric_are_built_from_efa() -> None:
     for stage in ("aws-ofi-nccl", "nccl-tests"):
-        planned = project.plan(project.Settings(registry=STAGES, manifest=Path(REAL)), "efa-nccl")
+        planned = project.plan(Workspace(registry=STAGES, manifest=Path(REAL)), "efa-nccl")
         assert planned.registry[stage].parent == "efa", stage
 
 
@@ -200,12 +201,12 @@ def run_chain(steps: list[str], src: Path, work: Path) -> subprocess.CompletedPr
 
 
 def test_plugin_from_a_release_tarball_is_a_url_source_pinned_by_sha256() -> None:
-    planned = project.plan(project.Settings(registry=STAGES,
+    planned = project.plan(Workspace(registry=STAGES,
                                             manifest=Path(REAL), overrides=TARBALL), "efa-nccl")
     stage = next(s for s in planned.stages if s.name == "aws-ofi-nccl")
     assert "tar -xf /src/aws-ofi-nccl-1.21.1.tar.gz --strip-components=1" in stage.recipe
     assert "from=src-aws-ofi-nccl,target=/src" in stage.recipe
-    git = next(s for s in project.plan(project.Settings(registry=STAGES,
+    git = next(s for s in project.plan(Workspace(registry=STAGES,
                                                         manifest=Path(REAL)), "efa-nccl").stages
                if s.name == "aws-ofi-nccl")
     assert stage.key != git.key

@@ -15,6 +15,7 @@ from invoke.context import MockContext
 
 import tasks
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from stages import STAGES
 from tasks import GOLDEN_DOCKERFILES
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def rendered(manifest: str, target: str) -> str:
-    settings = project.Settings(registry=STAGES, manifest=Path(manifest))
+    settings = Workspace(registry=STAGES, manifest=Path(manifest))
     cwd = Path.cwd()
     os.chdir(ROOT)
     try:
@@ -92,7 +93,7 @@ def test_seed_000_builds_nccl_for_every_arch_without_gencode() -> None:
 
 
 def test_true_dependencies_not_seed_line_order() -> None:
-    plan = project.plan(project.Settings(registry=STAGES,
+    plan = project.plan(Workspace(registry=STAGES,
                                          manifest=ROOT / "manifests/smddp.toml"), "smddp")
     deps = {s.name: set(s.deps) for s in plan.stages}
     assert deps["boost"] == {"base"}

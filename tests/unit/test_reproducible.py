@@ -17,6 +17,7 @@ import pytest
 from imageforge import front
 from imageforge.app import project
 from imageforge.app.verify import Verdict, least_recently_verified, lines
+from imageforge.app.workspace import Workspace
 from imageforge.cache import verified
 from imageforge.cache.layoutdiff import first_difference, top_digest
 from imageforge.errors import UsageError
@@ -194,7 +195,7 @@ def test_records_keep_each_remote_digest_a_rebuild_matched(tmp_path: Path) -> No
 
 
 def test_a_nightly_verifies_the_stages_verified_longest_ago(tmp_path: Path) -> None:
-    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
+    settings = Workspace(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
                                 cache_dir=tmp_path)
     planned = project.plan(settings, "efa-nccl")
     assert least_recently_verified(settings, "efa-nccl", 2) == ["efa", "nccl"]
@@ -209,9 +210,9 @@ def test_bad_trust_and_verify_values_are_one_clear_error() -> None:
     config = front.Config(table={"cache_trust": "some"}, discover=discover)
     with pytest.raises(UsageError, match=r"imageforge\.cache_trust = 'some': give one of any, "
                                          r"verified"):
-        front.settings(config)
-    assert front.settings(front.Config(table={"cache_trust": "verified"},
+        front.workspace(config)
+    assert front.workspace(front.Config(table={"cache_trust": "verified"},
                                        discover=discover)).verified_in == Path("cache")
-    assert front.settings(front.Config(table={}, discover=discover)).verified_in is None
+    assert front.workspace(front.Config(table={}, discover=discover)).verified_in is None
     with pytest.raises(UsageError, match="--verify two: give a number of stages"):
         front.count("verify", "two")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import CompatibilityError, LockError, ManifestError
 from imageforge.model.manifest import Manifest, load
 from imageforge.planning import rules
@@ -47,8 +48,8 @@ def pin(version: str = "2.10.3") -> NcclPin:
                    evidence={"method": "submodule", "path": SUBMODULE, "pin": "c" * 40})
 
 
-def settings(manifest: Path, *overrides: str) -> project.Settings:
-    return project.Settings(registry=STAGES, manifest=manifest, overrides=overrides,
+def settings(manifest: Path, *overrides: str) -> Workspace:
+    return Workspace(registry=STAGES, manifest=manifest, overrides=overrides,
                             cache_dir=manifest.parent / "cache")
 
 
@@ -174,7 +175,7 @@ def test_check_and_plan_show_accepted_waivers(tmp_path: Path) -> None:
 
 
 def test_image_labels_show_the_waiver(tmp_path: Path) -> None:
-    planned = project.plan(project.Settings(registry=STAGES, manifest=MANIFESTS / "smddp.toml",
+    planned = project.plan(Workspace(registry=STAGES, manifest=MANIFESTS / "smddp.toml",
                                             cache_dir=tmp_path), "smddp")
 
     values = labels(planned)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.planning.execute import is_external, make_run, reused
 from imageforge.planning.plan import Plan
 from stages import STAGES
@@ -22,7 +23,7 @@ DEFINED = re.compile(r"^FROM\s+\S+\s+AS\s+(\S+)", re.MULTILINE)
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    settings = project.Settings(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
+    settings = Workspace(registry=STAGES, manifest=ROOT / "manifests/sample.toml",
                                 cache_dir=tmp_path_factory.mktemp("cache"))
     return project.plan(settings, "smddp")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import ManifestError, SourceError
 from imageforge.model.sourcetypes import Signature, UrlSource
 from imageforge.sources.sources import SourceCache
@@ -165,7 +166,7 @@ def test_an_unsigned_cache_entry_is_verified_once_a_fingerprint_is_pinned(
 def test_the_efa_stage_asks_for_the_signature(tmp_path: Path) -> None:
     manifest = sample_manifest(tmp_path, "http://127.0.0.1:9")
     fingerprint = "9c82 e37b 904d d5dd 810b 1175 dfbf 0b57 c761 858a"
-    s = project.Settings(registry=STAGES, manifest=manifest,
+    s = Workspace(registry=STAGES, manifest=manifest,
                          overrides=(f"stages.efa.gpg_fingerprint={fingerprint}",))
     (source,) = project.plan(s, "efa").stage("efa").sources
     assert isinstance(source, UrlSource)
@@ -174,11 +175,11 @@ def test_the_efa_stage_asks_for_the_signature(tmp_path: Path) -> None:
         url="http://127.0.0.1:9/files/aws-efa-installer-1.14.1.tar.gz.sig",
         key_url="https://efa-installer.amazonaws.com/aws-efa-installer.key",
         fingerprint="9C82E37B904DD5DD810B1175DFBF0B57C761858A")
-    unsigned = project.plan(project.Settings(registry=STAGES,
+    unsigned = project.plan(Workspace(registry=STAGES,
                                              manifest=manifest), "efa").stage("efa")
     assert unsigned.key == project.plan(s, "efa").stage("efa").key
     with pytest.raises(ManifestError, match=r"gpg_fingerprint.*40-hex-digit"):
-        project.plan(project.Settings(registry=STAGES, manifest=manifest,
+        project.plan(Workspace(registry=STAGES, manifest=manifest,
                                       overrides=("stages.efa.gpg_fingerprint=abc",)), "efa")
 
 
@@ -192,7 +193,7 @@ def test_signed_sources_are_mirrored_with_signature_and_key(
                  f"stages.efa.sha256={hashlib.sha256(INSTALLER).hexdigest()}",
                  f"stages.efa.gpg_fingerprint={signer.fingerprint}",
                  f"stages.efa.gpg_key_url={server.url('/aws-efa-installer.key')}")
-    online = project.Settings(registry=STAGES,
+    online = Workspace(registry=STAGES,
                               manifest=manifest, overrides=overrides, cache_dir=tmp_path / "c")
     project.write_lock(online, upgrade=False)
     project.mirror_sync(online, tmp_path / "mirror")

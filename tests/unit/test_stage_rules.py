@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.app import project
+from imageforge.app.workspace import Workspace
 from imageforge.errors import CompatibilityError
 from imageforge.model import compat
 from imageforge.model.manifest import load
@@ -123,7 +124,7 @@ def team_manifest(tmp_path: Path, cuda: str) -> Path:
 
 def test_a_team_stage_declares_a_rule_that_check_reports(tmp_path: Path) -> None:
     registry = discover([team_stages(tmp_path)])
-    settings = project.Settings(registry=registry, manifest=team_manifest(tmp_path, "5.5"),
+    settings = Workspace(registry=registry, manifest=team_manifest(tmp_path, "5.5"),
                                 cache_dir=tmp_path / "cache")
 
     with pytest.raises(CompatibilityError) as refused:
