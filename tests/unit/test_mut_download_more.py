@@ -8,7 +8,7 @@ import hashlib
 import re
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -281,3 +281,43 @@ def test_a_repeated_stop_finds_the_connection_closed_and_still_stops_once(
     assert list(tmp_path.iterdir()) == []
     # The stop was for that download only: the next one on this thread runs.
     assert dl.download(server.url("/f"), tmp_path / "f", sha256=SHA) == SHA
+
+
+class _Flaky(Exception):
+    """The transient failure of the calls below."""
+
+
+def _failing(times: int) -> tuple[list[int], Callable[[], str]]:
+    calls: list[int] = []
+
+    def call() -> str:
+        calls.append(1)
+        if len(calls) <= times:
+            raise _Flaky(f"failure {len(calls)}")
+        return "done"
+    return calls, call
+
+
+def test_the_default_backoff_starts_at_backoff_initial() -> None:
+    # What repository listings and index pages retry with (no `wait` of their own): six
+    # failures fit in a 2 s budget only when the random waits start at 1 ms (63 ms at most in
+    # all); windows that started at 1 s would outgrow the budget and re-raise the failure.
+    policy = dl.RetryPolicy(attempts=7, max_seconds=2, backoff_initial=0.001, backoff_max=60)
+    calls, call = _failing(6)
+    assert policy.retrying(_Flaky)(call) == "done"
+    assert len(calls) == 7
+
+
+def test_the_default_backoff_is_capped_at_backoff_max() -> None:
+    policy = dl.RetryPolicy(attempts=4, max_seconds=2, backoff_initial=100, backoff_max=0.001)
+    calls, call = _failing(3)
+    assert policy.retrying(_Flaky)(call) == "done"
+    assert len(calls) == 4
+
+
+def test_the_default_retry_gives_up_after_the_attempts_with_the_last_failure() -> None:
+    policy = dl.RetryPolicy(attempts=3, max_seconds=2, backoff_initial=0.001, backoff_max=0.001)
+    calls, call = _failing(5)
+    with pytest.raises(_Flaky, match=r"^failure 3$"):
+        policy.retrying(_Flaky)(call)
+    assert len(calls) == 3

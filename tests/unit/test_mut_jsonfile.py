@@ -219,3 +219,18 @@ def test_the_text_is_utf8_whatever_the_locale_says(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert path.read_bytes() == text.encode()
     assert got[0] == text.encode()
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_a_new_file_gets_mode_0666_less_the_umask_as_open_makes_files(
+        tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        jsonfile.write_text(tmp_path / "record.json", "{}\n")
+        with (tmp_path / "plain.json").open("w") as plain:
+            plain.write("{}\n")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "record.json").stat().st_mode)
+    assert mode == 0o666 & ~umask
+    assert mode == stat.S_IMODE((tmp_path / "plain.json").stat().st_mode)

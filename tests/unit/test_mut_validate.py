@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from imageforge.model.validate import ALLOWED, Kind, _full, problem
+from imageforge.model.validate import ALLOWED, MAX_JOBS, Kind, _full, problem
 
 
 @pytest.mark.parametrize(("kind", "value"), [
@@ -73,3 +73,15 @@ def test_full_matches_the_whole_value_only() -> None:
     assert check("aaa") is True
     assert check("aab") is False
     assert check("") is False
+
+
+@pytest.mark.parametrize("jobs", [1, 2, MAX_JOBS - 1, MAX_JOBS])
+def test_jobs_from_1_to_the_limit_are_allowed(jobs: int) -> None:
+    assert problem("jobs", jobs) is None
+
+
+@pytest.mark.parametrize("jobs", [0, -1, MAX_JOBS + 1, True, 2.0, "4"])
+def test_jobs_outside_1_to_the_limit_or_not_whole_are_named(jobs: Any) -> None:
+    assert problem("jobs", jobs) == (
+        f"{jobs!r} is not allowed: expected a whole number of parallel jobs from 1 to "
+        f"{MAX_JOBS}")
