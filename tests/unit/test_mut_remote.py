@@ -289,3 +289,33 @@ def test_exists_gives_up_on_a_registry_that_does_not_answer_in_time(docker: Path
         remote.Remote(repository="reg.io:5000/cache").exists("efa", KEY, timeout=0.25)
     assert str(info.value) == "reg.io:5000 did not answer within 0.25 s"
     assert time.monotonic() - started < 4
+
+
+def test_verified_trust_names_the_artifacts_reference_and_stage_in_full(
+        docker: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _answer(docker, 0, "")
+    (docker / "stdout").write_text('"sha256:4567"\n')
+    r = remote.Remote(repository="reg.io:5000/cache", verified_in=tmp_path / "cache")
+    ref = f"reg.io:5000/cache/nccl:{'ab' * 32}"
+    assert r.ref("nccl", KEY) == ref
+    assert r.exists("nccl", KEY) is False
+    assert (f"cache_trust = verified: {ref} was never verified by a rebuild, so it is not "
+            "used; nccl builds here (invoke verify --rebuild --remote reg.io:5000/cache "
+            "verifies it).") in capsys.readouterr().err
+    verified.record(tmp_path / "cache", key=KEY, stage="nccl", digest="sha256:9",
+                    remote="reg.io:5000/cache", remote_digest="sha256:0123")
+    with pytest.raises(NotReproducibleError) as refused:
+        r.exists("nccl", KEY)
+    assert str(refused.value).startswith(
+        f"cache_trust = verified: the remote cache serves sha256:4567 as {ref}, but the "
+        f"rebuild that verified nccl (key {KEY[:19]}) found sha256:0123; the artifact was "
+        "replaced after it was verified and is refused.")
+
+
+@pytest.mark.parametrize("error", ["eof", "HTTP 503 Service Unavailable\n\n"])
+def test_an_unreachable_registry_is_named_by_the_last_line_of_its_error(
+        docker: Path, error: str) -> None:
+    _answer(docker, 1, f"first line\n{error}")
+    with pytest.raises(remote.RemoteUnavailable) as unavailable:
+        remote.Remote(repository="reg.io:5000/cache").digest("efa", KEY)
+    assert str(unavailable.value) == error.strip().lower()
