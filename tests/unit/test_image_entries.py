@@ -269,3 +269,54 @@ def test_a_key_that_is_no_key_is_refused(tmp_path: Path) -> None:
         ArtifactStore(tmp_path / "artifacts").add_image(
             key="sha256:xyz", stage="efa", inputs={}, ref="r", digest=ID, size=1,
             build_seconds=0.0)
+
+
+def test_a_name_gone_from_the_engine_is_named_in_a_whole_warning(
+        tmp_path: Path, engine: Engine, capsys: pytest.CaptureFixture[str]) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    key, ref = stored(store, engine)
+    (engine.store / ref.replace("/", "_").replace(":", "@")).unlink()
+    capsys.readouterr()
+    assert store.verify(key) is None
+    assert capsys.readouterr().err == (
+        f"imageforge: warning: cached artifact of efa ({key[:19]}) is gone from the image "
+        "store; discarding it, the stage will be rebuilt.\n")
+
+
+def test_a_name_this_store_untagged_is_not_trusted_from_its_memory(
+        tmp_path: Path, engine: Engine) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    key, ref = stored(store, engine)
+    assert store.verify(key) is not None     # the engine's names are now known
+    store.remove(key)
+    assert not engine.has(ref)
+    # Another process records the same name again, but the engine no longer has it.
+    ArtifactStore(tmp_path / "artifacts").add_image(key=key, stage="efa", inputs={}, ref=ref,
+                                                    digest=ID, size=1, build_seconds=0.0)
+    assert store.verify(key) is None
+    assert store.get(key) is None
+
+
+def test_size_adds_up_every_image_entry(tmp_path: Path, engine: Engine) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    stored(store, engine, "efa", size=700)
+    stored(store, engine, "python", OTHER, size=300)
+    stored(store, engine, "nccl", size=20)
+    assert store.size() == 1020
+
+
+@pytest.mark.parametrize("meta", ['{"image": 5}', '{"image": ["a"]}', '{"image": ""}',
+                                  '["imageforge-artifact/x/efa:1"]', '"text"'])
+def test_a_broken_record_in_the_way_is_replaced_without_asking_the_engine(
+        tmp_path: Path, engine: Engine, meta: str) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    key = key_of("efa")
+    broken = store.entry_root / key[7:]
+    broken.mkdir(parents=True)
+    (broken / "meta.json").write_text(meta)
+    engine.log()
+    entry = store.add(key=key, stage="efa", inputs={}, layout=oci_layout(tmp_path / "l", [b"x"]),
+                      build_seconds=0.0)
+    assert store.get(key) == entry
+    assert entry.image is None
+    assert engine.log() == []
