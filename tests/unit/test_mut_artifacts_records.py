@@ -5,13 +5,12 @@ cleanup."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,18 +155,25 @@ def test_a_stores_image_names_stay_those_earlier_runs_gave_it(tmp_path: Path) ->
     assert ArtifactStore(tmp_path / "other").namespace != namespace
 
 
-@contextlib.contextmanager
-def _as_another_user() -> Iterator[None]:
-    """Real and effective uid nobody for the block (the saved uid keeps the way back), so
-    asking about a root process is refused (EPERM); as another user already, nothing."""
+def _as_another_user(work: Callable[[], None]) -> None:
+    """`work` in a forked child whose uids are nobody's, so asking about a root process is
+    refused (EPERM); as another user already, in this process. A fork, not a switch of this
+    process's uid: the test session's other threads (servers of other tests) keep running as
+    root meanwhile. The child runs the same code in memory, so a mutant is what it runs."""
     if os.geteuid() != 0:
-        yield
+        work()
         return
-    os.setresuid(65534, 65534, 0)
-    try:
-        yield
-    finally:
-        os.setresuid(0, 0, 0)
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.setresuid(65534, 65534, 65534)
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_cleanup_keeps_the_work_of_a_process_it_may_not_signal(tmp_path: Path) -> None:
@@ -182,8 +188,7 @@ def test_cleanup_keeps_the_work_of_a_process_it_may_not_signal(tmp_path: Path) -
         init.mkdir(parents=True)
         store.root.chmod(0o755)
         store.tmp.chmod(0o777)
-        with _as_another_user():
-            store.cleanup()
+        _as_another_user(store.cleanup)
         assert init.is_dir()
     finally:
         shutil.rmtree(shared)
