@@ -23,6 +23,7 @@ from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
 from imageforge import diskfull, exits, front, log
+from imageforge.app import options
 from imageforge.errors import FatalError, UsageError
 from stages import STAGES, discover
 
@@ -108,10 +109,10 @@ def boundary(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def config(c: Context) -> front.Config:
+def config(c: Context) -> options.Config:
     """invoke's `imageforge` configuration, and the loader of the stage registry: the engine
     never imports `stages`, the front end passes it in."""
-    return front.Config(table=c.config.get("imageforge", {}), discover=discover)
+    return options.Config(table=c.config.get("imageforge", {}), discover=discover)
 
 
 @task(help={"manifest": MANIFEST_HELP, "set": SET_HELP,
@@ -120,7 +121,7 @@ def config(c: Context) -> front.Config:
 def check(c: Context, manifest: str | None = None, set: list[str] | None = None,
           locked: bool = False) -> None:
     """Validate a manifest (keys, values, compatibility rules, lock) and plan its images."""
-    for line in front.check(config(c), front.Flags(manifest=manifest, overrides=set,
+    for line in front.check(config(c), options.Flags(manifest=manifest, overrides=set,
                                                        locked=locked)):
         print(line)
 
@@ -131,7 +132,7 @@ def show(c: Context, manifest: str | None = None, set: list[str] | None = None) 
     """Print the effective manifest, each value with the file and line it comes from.
 
     Tables a manifest inherits (`inherit = "smddp.toml"`) are merged in, --set applied."""
-    print(front.show(config(c), front.Flags(manifest=manifest, overrides=set)))
+    print(front.show(config(c), options.Flags(manifest=manifest, overrides=set)))
 
 
 @task(
@@ -146,7 +147,7 @@ def plan(c: Context, target: str | None = None, manifest: str | None = None,
          set: list[str] | None = None, json: bool = False, graph: str | None = None,
          remote: str | None = None) -> None:
     """Show the stages a target needs, in build order, with keys and cache status."""
-    found = front.plan(config(c), front.Flags(manifest=manifest, overrides=set, remote=remote),
+    found = front.plan(config(c), options.Flags(manifest=manifest, overrides=set, remote=remote),
                        target, graph)
     print(jsonlib.dumps(found.to_json(), indent=2) if json else found.table())
 
@@ -164,7 +165,7 @@ def render(c: Context, target: str | None = None, manifest: str | None = None,
            set: list[str] | None = None, format: str = "dockerfile",
            output: str | None = None) -> None:
     """Print the multi-stage Dockerfile (or a docker-bake.json) for a target."""
-    sys.stdout.write(front.render(config(c), front.Flags(manifest=manifest, overrides=set),
+    sys.stdout.write(front.render(config(c), options.Flags(manifest=manifest, overrides=set),
                                   target, format, output))
 
 
@@ -209,7 +210,7 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
 
     Every stage the target needs is built in one parallel BuildKit run, and what no cache
     holds is stored under its key; then test-image runs the image's checks."""
-    flags = front.Flags(manifest=manifest, overrides=set, locked=locked, remote=remote,
+    flags = options.Flags(manifest=manifest, overrides=set, locked=locked, remote=remote,
                         mirror=mirror, layer_cache=layer_cache, code=code, program=program)
     request = front.BuildRequest(target=target, push=push, tag=tag, builder=builder,
                                  progress=progress, dry_run=dry_run, test=test, summary=summary,
@@ -230,7 +231,7 @@ def build(c: Context, target: str | None = None, manifest: str | None = None,
 def lock(c: Context, manifest: str | None = None, set: list[str] | None = None,
          upgrade: bool = False, stage: list[str] | None = None, check: bool = False) -> None:
     """Resolve every sha256, commit and base digest into <manifest>.lock.json."""
-    for line in front.lock(config(c), front.Flags(manifest=manifest, overrides=set),
+    for line in front.lock(config(c), options.Flags(manifest=manifest, overrides=set),
                            upgrade=upgrade, stages=stage, check=check):
         print(line)
 
@@ -244,7 +245,7 @@ def lock(c: Context, manifest: str | None = None, set: list[str] | None = None,
 def fetch(c: Context, target: str | None = None, manifest: str | None = None,
           set: list[str] | None = None, mirror: str | None = None) -> None:
     """Download and verify every source a target needs into the source cache."""
-    for line in front.fetch(config(c), front.Flags(manifest=manifest, overrides=set,
+    for line in front.fetch(config(c), options.Flags(manifest=manifest, overrides=set,
                                                        mirror=mirror), target):
         print(line)
 
@@ -271,7 +272,7 @@ def test_image(c: Context, target: str | None = None, image: str | None = None,
     cache/tests/."""
     request = front.CheckRequest(target=target, image=image, hardware=hardware, json_file=json,
                                  junit_file=junit, report_dir=report)
-    for line in front.test_image(config(c), front.Flags(manifest=manifest, overrides=set),
+    for line in front.test_image(config(c), options.Flags(manifest=manifest, overrides=set),
                                  request):
         print(line)
 
@@ -308,7 +309,7 @@ def cache_prune(c: Context, max_size: str | None = None, older_than: str | None 
 def cache_push(c: Context, remote: str | None = None, target: str | None = None,
                manifest: str | None = None, set: list[str] | None = None) -> None:
     """Push local artifacts to the remote cache (all, or a target's)."""
-    print(front.cache_push(config(c), front.Flags(manifest=manifest, overrides=set,
+    print(front.cache_push(config(c), options.Flags(manifest=manifest, overrides=set,
                                                  remote=remote), target))
 
 
@@ -319,7 +320,7 @@ def cache_push(c: Context, remote: str | None = None, target: str | None = None,
 def cache_pull(c: Context, target: str | None = None, remote: str | None = None,
                manifest: str | None = None, set: list[str] | None = None) -> None:
     """Download a target's artifacts from the remote cache into the local one."""
-    print(front.cache_pull(config(c), front.Flags(manifest=manifest, overrides=set,
+    print(front.cache_pull(config(c), options.Flags(manifest=manifest, overrides=set,
                                                  remote=remote), target))
 
 
@@ -345,7 +346,7 @@ def verify(c: Context, rebuild: bool = False, target: str | None = None,
 
     Each is compared with its stored artifact and the remote cache's (or an image alone with
     what its pins give): exit 13 naming the stage and its first differing file."""
-    flags = front.Flags(manifest=manifest, overrides=set, remote=remote)
+    flags = options.Flags(manifest=manifest, overrides=set, remote=remote)
     for line in front.verify(config(c), flags, target,
                              stage, rebuild=rebuild, image=image, builder=builder,
                              progress=progress, as_json=json):
@@ -359,7 +360,7 @@ def verify(c: Context, rebuild: bool = False, target: str | None = None,
 def explain(c: Context, target: str | None = None, manifest: str | None = None,
             set: list[str] | None = None, remote: str | None = None) -> None:
     """For each stage that must rebuild, what differs from its last build here."""
-    print(front.explain(config(c), front.Flags(manifest=manifest, overrides=set, remote=remote),
+    print(front.explain(config(c), options.Flags(manifest=manifest, overrides=set, remote=remote),
                         target))
 
 
@@ -371,7 +372,7 @@ def mirror_sync(c: Context, to: str | None = None, manifest: str | None = None,
     """Copy every source of a locked manifest into DIR, for air-gapped builds (--mirror).
 
     DIR gets the files, bare git repositories and an index.json; build with --mirror DIR."""
-    print(front.mirror_sync(config(c), front.Flags(manifest=manifest, overrides=set), to))
+    print(front.mirror_sync(config(c), options.Flags(manifest=manifest, overrides=set), to))
 
 
 @task(
@@ -403,7 +404,7 @@ def nightly(c: Context, manifest: str | None = None, set: list[str] | None = Non
                                    channel=channel, tag_template=tag_template,
                                    size_budget=size_budget, report=report, webhook=webhook,
                                    matrix=matrix, verify=verify)
-    for line in front.nightly(config(c), front.Flags(manifest=manifest, overrides=set,
+    for line in front.nightly(config(c), options.Flags(manifest=manifest, overrides=set,
                                                      remote=remote), request):
         print(line)
 
@@ -452,7 +453,7 @@ def ci_generate(c: Context, format: str = "github", file: str | None = None,
                 target: str | None = None, remote: str | None = None, out: str | None = None,
                 json: bool = False) -> None:
     """Write a CI pipeline with one job per stage key the registry cache lacks."""
-    found = front.ci_generate(config(c), front.Flags(manifest=manifest, overrides=set,
+    found = front.ci_generate(config(c), options.Flags(manifest=manifest, overrides=set,
                                                      remote=remote),
                               fmt=format, file=file, target=target, out=out, as_json=json)
     sys.stdout.write(found.out)
@@ -465,7 +466,7 @@ matrix = Collection("matrix", matrix_plan, matrix_build)
 mirror = Collection("mirror", mirror_sync)
 ns = Collection(check, show, plan, render, lock, fetch, build, test_image, docs, explain,
                verify, nightly, promote, cache, mirror, matrix, ci)
-# No `imageforge` defaults declared to invoke: front.Config applies them, reads the
+# No `imageforge` defaults declared to invoke: options.Config applies them, reads the
 # INVOKE_IMAGEFORGE_* variables itself and checks every value's type, so a wrongly typed
 # invoke.yaml is one sentence, not a traceback from invoke's merge.
 

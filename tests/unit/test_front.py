@@ -16,6 +16,7 @@ from invoke.context import Context
 
 import tasks
 from imageforge import front
+from imageforge.app import options, outputs
 from imageforge.app.workspace import DEFAULT_MANIFEST
 from imageforge.errors import ManifestError, UsageError
 from imageforge.sources.mirror import Rewrite
@@ -30,7 +31,7 @@ def _no_configuration_from_this_shell(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def configured(tmp_path: Path, yaml: str | None = None) -> front.Config:
+def configured(tmp_path: Path, yaml: str | None = None) -> options.Config:
     """tasks.py's configuration: its collection's defaults, the project's invoke.yaml, then
     the INVOKE_* variables of the environment, as `invoke` loads them."""
     if yaml is not None:
@@ -43,7 +44,7 @@ def configured(tmp_path: Path, yaml: str | None = None) -> front.Config:
 
 
 def test_without_flags_or_configuration_the_defaults_hold(tmp_path: Path) -> None:
-    s = front.workspace(configured(tmp_path))
+    s = options.workspace(configured(tmp_path))
     assert s.manifest == DEFAULT_MANIFEST
     assert s.cache_dir == Path("cache")
     assert (s.remote, s.layer_cache, s.mirror, s.locked) == (None, None, None, False)
@@ -63,14 +64,14 @@ imageforge:
 
 
 def test_invoke_yaml_beats_the_defaults(tmp_path: Path) -> None:
-    s = front.workspace(configured(tmp_path, YAML))
+    s = options.workspace(configured(tmp_path, YAML))
     assert s.manifest == Path("from-yaml.toml")
     assert s.cache_dir == Path("yaml-cache")
     assert s.remote == "yaml.example/cache"
     assert s.rewrites == (Rewrite(prefix="https://a.example/", replace="https://b.example/"),)
     # Only a build keeps BuildKit's layer cache: other commands never read the setting.
     assert s.layer_cache is None
-    assert front.workspace(configured(tmp_path, YAML), layer_cache=True).layer_cache == (
+    assert options.workspace(configured(tmp_path, YAML), layer_cache=True).layer_cache == (
         "yaml.example/layers")
 
 
@@ -78,17 +79,17 @@ def test_the_environment_beats_invoke_yaml(tmp_path: Path, monkeypatch: pytest.M
                                            ) -> None:
     monkeypatch.setenv("INVOKE_IMAGEFORGE_REMOTE", "env.example/cache")
     monkeypatch.setenv("INVOKE_IMAGEFORGE_MANIFEST", "from-env.toml")
-    s = front.workspace(configured(tmp_path, YAML))
+    s = options.workspace(configured(tmp_path, YAML))
     assert (s.remote, s.manifest) == ("env.example/cache", Path("from-env.toml"))
     assert s.cache_dir == Path("yaml-cache")
 
 
 def test_flags_beat_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INVOKE_IMAGEFORGE_REMOTE", "env.example/cache")
-    flags = front.Flags(manifest="flag.toml", overrides=["image.python=3.11"], locked=True,
+    flags = options.Flags(manifest="flag.toml", overrides=["image.python=3.11"], locked=True,
                         remote="flag.example/cache", mirror="/mirror",
                         layer_cache="flag.example/layers")
-    s = front.workspace(configured(tmp_path, YAML), flags, layer_cache=True)
+    s = options.workspace(configured(tmp_path, YAML), flags, layer_cache=True)
     assert s.manifest == Path("flag.toml")
     assert s.overrides == ("image.python=3.11",)
     assert (s.locked, s.mirror) == (True, "/mirror")
@@ -97,20 +98,20 @@ def test_flags_beat_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_an_empty_setting_is_not_set(tmp_path: Path) -> None:
     config = configured(tmp_path, "imageforge:\n  remote: ''\n  manifest: ''\n")
-    s = front.workspace(config)
+    s = options.workspace(config)
     assert (s.remote, s.manifest) == (None, DEFAULT_MANIFEST)
-    assert front.pick(None, config, "remote") is None
-    assert front.pick("", config, "remote") is None
+    assert options.pick(None, config, "remote") is None
+    assert options.pick("", config, "remote") is None
 
 
 def test_nightly_reads_repository_and_webhook_then_the_environment() -> None:
     table = {"repository": "cfg.example/training", "webhook": ""}
-    config = front.Config(table=table, discover=lambda _dirs: STAGES,
-                          environ={"IMAGEFORGE_WEBHOOK_URL": "https://hooks.example/env"})
-    options = front.nightly_options(config, front.NightlyRequest(size_budget="1.5"))
-    assert options.repository == "cfg.example/training"
-    assert options.webhook == "https://hooks.example/env"
-    assert options.size_budget == 1.5
+    config = options.Config(table=table, discover=lambda _dirs: STAGES,
+                            environ={"IMAGEFORGE_WEBHOOK_URL": "https://hooks.example/env"})
+    nightly = front.nightly_options(config, front.NightlyRequest(size_budget="1.5"))
+    assert nightly.repository == "cfg.example/training"
+    assert nightly.webhook == "https://hooks.example/env"
+    assert nightly.size_budget == 1.5
     flagged = front.nightly_options(config, front.NightlyRequest(
         repository="flag.example/training", webhook="https://hooks.example/flag"))
     assert (flagged.repository, flagged.webhook) == ("flag.example/training",
@@ -120,30 +121,30 @@ def test_nightly_reads_repository_and_webhook_then_the_environment() -> None:
 
 
 def test_stage_dirs_a_list_or_a_path_like_string(tmp_path: Path) -> None:
-    assert front.stage_dirs("") == ()
-    assert front.stage_dirs(f"a{os.pathsep}{os.pathsep}b") == (Path("a"), Path("b"))
-    assert front.stage_dirs(["a", "b"]) == (Path("a"), Path("b"))
+    assert options.stage_dirs("") == ()
+    assert options.stage_dirs(f"a{os.pathsep}{os.pathsep}b") == (Path("a"), Path("b"))
+    assert options.stage_dirs(["a", "b"]) == (Path("a"), Path("b"))
     with pytest.raises(UsageError) as caught:
-        front.workspace(configured(tmp_path, "imageforge:\n  stage_dirs: 3\n"))
+        options.workspace(configured(tmp_path, "imageforge:\n  stage_dirs: 3\n"))
     assert str(caught.value) == ("imageforge.stage_dirs = 3: give a directory or a list of "
                                  "directories of stage modules.")
     team = tmp_path / "team"
     team.mkdir()
-    s = front.workspace(configured(tmp_path, f"imageforge:\n  stage_dirs: [{team}]\n"))
+    s = options.workspace(configured(tmp_path, f"imageforge:\n  stage_dirs: [{team}]\n"))
     assert dict(s.registry) == STAGES
 
 
 def test_a_bad_rewrite_setting_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match=r"^imageforge\.rewrite in the invoke config"):
-        front.workspace(configured(tmp_path, "imageforge:\n  rewrite: 3\n"))
+        options.workspace(configured(tmp_path, "imageforge:\n  rewrite: 3\n"))
 
 
 # ---- the user's code: data on the stage, not a name in the front end ------------------------
 
 def test_code_and_program_become_overrides_after_the_sets(tmp_path: Path) -> None:
-    flags = front.Flags(overrides=["image.python=3.11"], code=str(tmp_path), program="train.py")
-    s = front.workspace(configured(tmp_path), flags)
-    taker = front.code_stage(STAGES)
+    flags = options.Flags(overrides=["image.python=3.11"], code=str(tmp_path), program="train.py")
+    s = options.workspace(configured(tmp_path), flags)
+    taker = options.code_stage(STAGES)
     assert taker.takes_code
     assert s.overrides == ("image.python=3.11", f"stages.{taker.name}.dir={tmp_path.resolve()}",
                            f"stages.{taker.name}.program=train.py")
@@ -154,15 +155,15 @@ def test_the_stage_that_takes_the_code_is_whichever_says_so(tmp_path: Path) -> N
                                deps=("efa-nccl",), image=True, takes_code=True)
     registry = {name: dataclasses.replace(stage, takes_code=False)
                 for name, stage in STAGES.items()} | {"my-training": mine}
-    overrides, target = front.code_overrides(str(tmp_path), "t.py", "efa-nccl", registry)
+    overrides, target = options.code_overrides(str(tmp_path), "t.py", "efa-nccl", registry)
     assert overrides == [f"stages.my-training.dir={tmp_path.resolve()}",
                          "stages.my-training.program=t.py"]
     assert target == "my-training"
-    assert front.code_overrides(str(tmp_path), "t.py", None, registry)[1] == "my-training"
+    assert options.code_overrides(str(tmp_path), "t.py", None, registry)[1] == "my-training"
     # Any other target stays: the code's table is set, the target built as asked.
-    assert front.code_overrides(str(tmp_path), "t.py", "smddp", registry)[1] == "smddp"
+    assert options.code_overrides(str(tmp_path), "t.py", "smddp", registry)[1] == "smddp"
     with pytest.raises(UsageError, match="no stage takes training code"):
-        front.code_overrides(str(tmp_path), "t.py", None,
+        options.code_overrides(str(tmp_path), "t.py", None,
                              {k: v for k, v in registry.items() if k != "my-training"})
 
 
@@ -170,9 +171,9 @@ def test_code_without_program_is_refused_before_anything_is_read(tmp_path: Path)
     (tmp_path / "broken").mkdir()
     broken = configured(tmp_path / "broken", "imageforge:\n  stage_dirs: 3\n")
     with pytest.raises(UsageError, match="--code and --program go together"):
-        list(front.build(broken, front.Flags(code=str(tmp_path)), front.BuildRequest()))
+        list(front.build(broken, options.Flags(code=str(tmp_path)), front.BuildRequest()))
     with pytest.raises(UsageError, match="--code and --program go together"):
-        front.workspace(configured(tmp_path), front.Flags(program="train.py"))
+        options.workspace(configured(tmp_path), options.Flags(program="train.py"))
 
 
 # ---- validation: the sentences the flags always gave -------------------------------------------
@@ -180,46 +181,46 @@ def test_code_without_program_is_refused_before_anything_is_read(tmp_path: Path)
 @pytest.mark.parametrize(("value", "minimum"), [("0", 1), ("-1", 0), ("x", 1), ("1.5", 1)])
 def test_whole_numbers(value: str, minimum: int) -> None:
     with pytest.raises(UsageError) as caught:
-        front.whole_number("hosts", value, minimum=minimum)
+        options.whole_number("hosts", value, minimum=minimum)
     assert str(caught.value) == f"--hosts {value}: give a whole number of at least {minimum}."
-    assert front.whole_number("hosts", "3", minimum=1) == 3
+    assert options.whole_number("hosts", "3", minimum=1) == 3
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "x"])
 def test_ratios(value: str) -> None:
     with pytest.raises(UsageError) as caught:
-        front.ratio("size-budget", value)
+        options.ratio("size-budget", value)
     assert str(caught.value) == f"--size-budget {value}: give a number above 0, e.g. 1.2."
-    assert front.ratio("size-budget", "1.2") == 1.2
+    assert options.ratio("size-budget", "1.2") == 1.2
 
 
 def test_choices() -> None:
-    assert front.bench_engine("host") == "host"
+    assert options.bench_engine("host") == "host"
     with pytest.raises(UsageError) as caught:
-        front.bench_engine("cloud")
+        options.bench_engine("cloud")
     assert str(caught.value) == ("--engine 'cloud': use `own` (the benchmark's own Docker "
                                  "engine) or `host`.")
     assert front.bench_choices(repeats="2", sizes="10, ,20", engine="own") == front.BenchChoices(
         repeats=2, sizes=(10, 20), engine="own")
     with pytest.raises(UsageError, match=r"^--sizes 0: give a whole number of at least 1\.$"):
         front.bench_choices(repeats="2", sizes="10,0", engine="own")
-    assert [front.progress_mode(m) for m in ("auto", "plain", "json", "tty")] == [
+    assert [options.progress_mode(m) for m in ("auto", "plain", "json", "tty")] == [
         "auto", "plain", "json", "tty"]
     with pytest.raises(UsageError) as caught:
-        front.progress_mode("fancy")
+        options.progress_mode("fancy")
     assert str(caught.value) == "--progress fancy: use auto, plain or json."
-    assert front.ci_format("gitlab") == "gitlab"
+    assert options.ci_format("gitlab") == "gitlab"
     with pytest.raises(UsageError) as caught:
-        front.ci_format("jenkins")
+        options.ci_format("jenkins")
     assert str(caught.value) == "--format jenkins: use github or gitlab."
 
 
 def test_commands_refuse_missing_or_clashing_flags(tmp_path: Path) -> None:
     config = configured(tmp_path)
     cases: list[tuple[Callable[[], object], str]] = [
-        (lambda: front.render(config, front.Flags(), None, "svg", None),
+        (lambda: front.render(config, options.Flags(), None, "svg", None),
          "--format svg: unknown format; use dockerfile or bake."),
-        (lambda: front.mirror_sync(config, front.Flags(), None),
+        (lambda: front.mirror_sync(config, options.Flags(), None),
          "mirror.sync needs --to DIR: the directory to write the mirror into."),
         (lambda: front.matrix_plan(config, None),
          "matrix.plan needs --file: the matrix file ([[image]] tables)."),
@@ -231,25 +232,25 @@ def test_commands_refuse_missing_or_clashing_flags(tmp_path: Path) -> None:
         (lambda: front.promote(config, None, "golden"),
          "promote needs --image REPOSITORY@sha256:<digest>: the tested image to point the tag "
          "at."),
-        (lambda: list(front.nightly(config, front.Flags(manifest="m.toml"),
+        (lambda: list(front.nightly(config, options.Flags(manifest="m.toml"),
                                     front.NightlyRequest(matrix="images.toml"))),
          "nightly --matrix: the matrix file names each image's manifest, --set overrides, "
          "target and tag; drop --manifest, --set, --target and --tag-template."),
-        (lambda: list(front.nightly(config, front.Flags(), front.NightlyRequest(
+        (lambda: list(front.nightly(config, options.Flags(), front.NightlyRequest(
             size_budget="0"))),
          "--size-budget 0: give a number above 0, e.g. 1.2."),
-        (lambda: front.ci_generate(config, front.Flags(), fmt="github", file=None, target=None,
+        (lambda: front.ci_generate(config, options.Flags(), fmt="github", file=None, target=None,
                                    out=None, as_json=False),
          "ci.generate needs --remote REPOSITORY (or imageforge.remote): the registry cache "
          "through which the jobs hand artifacts on."),
-        (lambda: front.ci_generate(config, front.Flags(remote="r.example/c", overrides=["a=b"]),
+        (lambda: front.ci_generate(config, options.Flags(remote="r.example/c", overrides=["a=b"]),
                                    fmt="github", file="images.toml", target=None, out=None,
                                    as_json=False),
          "ci.generate: --file lists the images; --manifest, --set and --target go in its "
          "[[image]] tables instead."),
-        (lambda: list(front.build(config, front.Flags(), front.BuildRequest(progress="x"))),
+        (lambda: list(front.build(config, options.Flags(), front.BuildRequest(progress="x"))),
          "--progress x: use auto, plain or json."),
-        (lambda: list(front.test_image(config, front.Flags(), front.CheckRequest(
+        (lambda: list(front.test_image(config, options.Flags(), front.CheckRequest(
             target="nccl"))),
          "--target nccl is not an image; test-image checks image targets: "
          f"{', '.join(n for n, s in STAGES.items() if s.image)}."),
@@ -262,11 +263,11 @@ def test_commands_refuse_missing_or_clashing_flags(tmp_path: Path) -> None:
 
 def test_an_unwritable_output_names_its_flag(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as caught:
-        front.write_output("--out", str(tmp_path / "no" / "such.yml"), "x")
+        outputs.write_output("--out", str(tmp_path / "no" / "such.yml"), "x")
     assert str(caught.value).startswith(f"--out {tmp_path / 'no' / 'such.yml'}: cannot write it")
     written = tmp_path / "summary.md"
-    front.write_output("--summary", str(written), "a", append=True)
-    front.write_output("--summary", str(written), "b", append=True)
+    outputs.write_output("--summary", str(written), "a", append=True)
+    outputs.write_output("--summary", str(written), "b", append=True)
     assert written.read_text() == "ab"
 
 
@@ -289,18 +290,18 @@ def test_matrix_plan_shares_what_two_images_have_in_common(tmp_path: Path) -> No
 
 def test_whole_image_artifacts_go_to_the_image_store_unless_configured_otherwise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert front.workspace(configured(tmp_path)).image_store
-    store = front.workspace(configured(tmp_path)).store
+    assert options.workspace(configured(tmp_path)).image_store
+    store = options.workspace(configured(tmp_path)).store
     assert store.images is not None
     monkeypatch.setenv("INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS", "oci-layout")
-    layouts = front.workspace(configured(tmp_path))
+    layouts = options.workspace(configured(tmp_path))
     assert not layouts.image_store
     assert layouts.store.images is None
     monkeypatch.setenv("INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS", "registry")
     with pytest.raises(UsageError, match=r"^imageforge.image_artifacts = 'registry': give one "
                                          r"of image-store, oci-layout \(invoke.yaml or "
                                          r"INVOKE_IMAGEFORGE_IMAGE_ARTIFACTS\)\.$"):
-        front.workspace(configured(tmp_path))
+        options.workspace(configured(tmp_path))
 
 
 @pytest.mark.parametrize("run", ["build", "matrix.build"])
@@ -315,7 +316,7 @@ def test_build_and_matrix_build_read_the_same_ca_bundle(
     config = configured(tmp_path, f"imageforge:\n  cache_dir: {tmp_path}\n")
     manifest = str(ROOT / "manifests/efa-nccl.toml")
     runs: dict[str, Callable[[], object]] = {
-        "build": lambda: list(front.build(config, front.Flags(manifest=manifest),
+        "build": lambda: list(front.build(config, options.Flags(manifest=manifest),
                                           front.BuildRequest(target="efa-nccl"))),
         "matrix.build": lambda: list(front.matrix_build(config, str(matrix), test=False,
                                                         progress="plain", report=None))}

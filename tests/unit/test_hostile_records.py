@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 
 from imageforge import uptodate
 from imageforge.app import project
+from imageforge.app.options import CONFIG_DEFAULTS
 from imageforge.app.workspace import Workspace
 from imageforge.cache import verified
 from imageforge.cache.artifacts import ArtifactStore, key_hex
 from imageforge.errors import FatalError
-from imageforge.front import CONFIG_DEFAULTS
 from imageforge.image import checkreport
 from stages import STAGES
 from tests.dockerfile_shape import parse

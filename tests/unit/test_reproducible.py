@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import front
-from imageforge.app import project
+from imageforge.app import options, project
 from imageforge.app.verify import Verdict, least_recently_verified, lines
 from imageforge.app.workspace import Workspace
 from imageforge.cache import verified
@@ -207,12 +206,12 @@ def test_a_nightly_verifies_the_stages_verified_longest_ago(tmp_path: Path) -> N
 
 
 def test_bad_trust_and_verify_values_are_one_clear_error() -> None:
-    config = front.Config(table={"cache_trust": "some"}, discover=discover)
+    config = options.Config(table={"cache_trust": "some"}, discover=discover)
     with pytest.raises(UsageError, match=r"imageforge\.cache_trust = 'some': give one of any, "
                                          r"verified"):
-        front.workspace(config)
-    assert front.workspace(front.Config(table={"cache_trust": "verified"},
+        options.workspace(config)
+    assert options.workspace(options.Config(table={"cache_trust": "verified"},
                                        discover=discover)).verified_in == Path("cache")
-    assert front.workspace(front.Config(table={}, discover=discover)).verified_in is None
+    assert options.workspace(options.Config(table={}, discover=discover)).verified_in is None
     with pytest.raises(UsageError, match="--verify two: give a number of stages"):
-        front.count("verify", "two")
+        options.count("verify", "two")

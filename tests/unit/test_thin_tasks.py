@@ -11,7 +11,9 @@ from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ast.parse((ROOT / "tasks.py").read_text())
-FRONT = ast.parse((ROOT / "imageforge" / "front.py").read_text())
+# front.py and the modules it was split into: options (values), outputs (report files), views.
+FRONT = [ast.parse((ROOT / "imageforge" / path).read_text())
+         for path in ("front.py", "app/options.py", "app/outputs.py", "app/views.py")]
 # The error boundary (FatalError -> message and exit code) and its SIGTERM handler.
 BOUNDARY = {"boundary", "_terminate"}
 # What a task body may hold besides its docstring and imports: e.g. a request, a call, a print.
@@ -99,9 +101,9 @@ def test_the_engine_module_tasks_py_calls_is_front() -> None:
             engine.update(alias.name for alias in node.names)
         else:
             engine.add(node.module.rpartition(".")[2])
-    # errors, diskfull and exits: what the boundary turns into exit codes; log: the line it
-    # prints.
-    assert engine == {"front", "errors", "diskfull", "exits", "log"}
+    # options: the Flags and Config a task hands front; errors, diskfull and exits: what the
+    # boundary turns into exit codes; log: the line it prints.
+    assert engine == {"front", "options", "errors", "diskfull", "exits", "log"}
 
 
 def stage_literals(nodes: list[ast.AST]) -> list[str]:
@@ -121,4 +123,4 @@ def test_no_stage_name_in_tasks_py_or_front_py() -> None:
                   & TEST_DATA):
             code.append(node)
     assert stage_literals(code) == []
-    assert stage_literals([FRONT]) == []
+    assert stage_literals(list(FRONT)) == []

@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from imageforge import front
-from imageforge.app import project
+from imageforge.app import options, project
+from imageforge.app.options import code_overrides
 from imageforge.errors import ManifestError, UsageError
-from imageforge.front import code_overrides
 from imageforge.model import extends
 from imageforge.model.manifest import load
 from imageforge.planning import localtree
@@ -268,7 +267,7 @@ def test_ca_bundle_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     # Given by a setting, not the flag: the error names the setting.
     with pytest.raises(ManifestError, match=r"^imageforge\.ca_bundle \(invoke\.yaml or "
                                             r"INVOKE_IMAGEFORGE_CA_BUNDLE\) .*missing\.pem"):
-        front.ca_bundle(front.Config(discover=lambda _dirs: STAGES,
+        options.ca_bundle(options.Config(discover=lambda _dirs: STAGES,
                                      environ={"INVOKE_IMAGEFORGE_CA_BUNDLE":
                                               str(tmp_path / "missing.pem")}), None)
     monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
