@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from bench import cpu
+from bench import cpu, fresh
 from bench.baseline import SEED_ORDER, Baseline, baseline_dockerfile
 from bench.engine import Engine
 from bench.rawjson import layer_steps, parse_stream
@@ -56,6 +56,7 @@ from imageforge.errors import FatalError
 from imageforge.model.dag import closure
 from imageforge.model.stage import filename_of
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
+from imageforge.planning.execute import is_external
 from imageforge.planning.plan import Plan
 from imageforge.sources import cabundle
 from stages import STAGES
@@ -116,6 +117,9 @@ class Options:
     # dockerd): cold builds are then not guaranteed cold (their notes say when BuildKit
     # served steps from its cache).
     engine: Literal["own", "host"] = "own"
+    # The fresh-runner scenarios (bench/fresh.py): imageforge --remote against BuildKit's
+    # registry cache, each build on an emptied engine. Only on the benchmark's own engine.
+    fresh: bool = True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -309,7 +313,8 @@ class Bench:
 
     # -- imageforge
 
-    def imageforge_build(self, scenario: str, overrides: Sequence[str] = ()
+    def imageforge_build(self, scenario: str, overrides: Sequence[str] = (), *,
+                         remote: str | None = None, env: Mapping[str, str] | None = None
                          ) -> tuple[Timed, dict[str, Any]]:
         reports = self.cache / "reports"
         seen = set(reports.glob("*.json")) if reports.exists() else set()
@@ -318,10 +323,11 @@ class Bench:
         # record (imageforge/uptodate.py), kept in the work directory.
         argv = [str(Path(sys.executable).with_name("imageforge")), "build", "--manifest",
                 str(self.manifest), "--target", TARGET, "--no-test", "--progress", "plain",
-                "--tag", self.tag(IMAGEFORGE, scenario), *sets]
-        env = {**os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache),
-               "XDG_CACHE_HOME": str(self.work / "xdg-cache")}
-        timed = self.timed(f"invoke build ({scenario})", argv, env)
+                "--tag", self.tag(IMAGEFORGE, scenario), *sets,
+                *(["--remote", remote] if remote else [])]
+        timed = self.timed(f"invoke build ({scenario})", argv, {
+            **os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache),
+            "XDG_CACHE_HOME": str(self.work / "xdg-cache"), **(env or {})})
         new = sorted(set(reports.glob("*.json")) - seen)
         if not new:
             raise BenchError(f"invoke build ({scenario}) wrote no report in {reports}.")
@@ -356,7 +362,8 @@ class Bench:
     # -- plain BuildKit (the baseline, and imageforge's rendered Dockerfile)
 
     def buildx(self, what: str, dockerfile: Path, contexts: Mapping[str, str], tag: str,
-               target: str | None = None) -> tuple[Timed, list[Any]]:
+               target: str | None = None, *, extra: Sequence[str] = (),
+               env: Mapping[str, str] | None = None) -> tuple[Timed, list[Any]]:
         argv = ["docker", "buildx", "build", "--load", "--progress", "rawjson",
                 "-f", str(dockerfile), "-t", tag]
         if target:
@@ -367,8 +374,8 @@ class Bench:
         if bundle:
             # The CA bundle `invoke build` hands its pip steps, so both tools reach PyPI alike.
             argv += ["--secret", f"id={CA_BUNDLE_SECRET},src={bundle}"]
-        argv.append(str(self.empty))
-        timed = self.timed(what, argv)
+        argv += [*extra, str(self.empty)]
+        timed = self.timed(what, argv, env)
         return timed, layer_steps(parse_stream(timed.stderr))
 
     def measure_baseline(self, scenario: str, label: str, overrides: Sequence[str],
@@ -555,23 +562,27 @@ def run_benchmark(options: Options) -> str:
                      "measure sees it; meaningful only on an otherwise idle machine."),
     }
     measurements: list[Measurement] = []
+    fresh_found: list[fresh.FreshMeasurement] = []
     buildkit: Measurement | None = None
     chain: list[str] = [section for section, _ in SEED_ORDER]
     if options.builds:
-        with _workdir(options.keep) as work, _engine(options, work):
+        fresh_runner = options.fresh and options.engine == "own"
+        with _workdir(options.keep) as work, fresh.registry(work, fresh_runner) as reg, \
+                _engine(options, work):
             bench = Bench(options, work)
             result["background_load"] = round(cpu.background_load(), 3)
             if result["background_load"] > 0.10:
                 bench.say(f"warning: the machine is {result['background_load']:.0%} busy "
                           "before the benchmark; wall and CPU figures include that load")
             result["engine"] = options.engine
-            measurements, buildkit, chain, extra = _builds(bench, options)
+            measurements, buildkit, chain, extra, fresh_found = _builds(bench, options, reg)
             result.update(extra)
     plans = plan_at_scale(options.sizes, options.shapes)
     if options.large and "wide" in options.shapes:
         plans += plan_at_scale((options.large,), ("wide",))
-    targets = evaluate(measurements, buildkit, plans, chain)
+    targets = evaluate(measurements, buildkit, plans, chain) + fresh.targets(fresh_found)
     result.update(
+        fresh_runner=[m.to_json() for m in fresh_found],
         repeats={"no-op": options.repeats, "cold": 1, "one-pin": 1},
         measurements=[m.to_json() for m in measurements],
         buildkit_noop=buildkit.to_json() if buildkit else None,
@@ -584,7 +595,7 @@ def run_benchmark(options: Options) -> str:
     if noop and buildkit:
         result["imageforge_overhead_seconds"] = round(
             noop.median_seconds - buildkit.median_seconds, 3)
-    text = render(result, measurements, buildkit, plans, targets, chain)
+    text = render(result, measurements, buildkit, plans, targets, chain, fresh_found)
     result["markdown"] = text
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
@@ -600,8 +611,9 @@ def run_benchmark(options: Options) -> str:
     return text + f"\n\nwrote {_shown(options.out)} ({result['total_seconds']:.0f} s in all)"
 
 
-def _builds(bench: Bench, options: Options
-            ) -> tuple[list[Measurement], Measurement, list[str], dict[str, Any]]:
+def _builds(bench: Bench, options: Options, reg: fresh.Registry | None
+            ) -> tuple[list[Measurement], Measurement, list[str], dict[str, Any],
+                       list[fresh.FreshMeasurement]]:
     work = bench.work
     bench.empty.mkdir(parents=True, exist_ok=True)
     bench.say("generating the sample upstream")
@@ -617,7 +629,8 @@ def _builds(bench: Bench, options: Options
         base_url = server.url.rstrip("/")
         bench.manifest.parent.mkdir(parents=True)
         run_id = datetime.now(UTC).strftime("%Y%m%dt%H%M%S") + f"-{os.getpid()}"
-        bench.manifest.write_text(bench_manifest(base_url, pins, bench.salted_base(run_id)))
+        base = bench.salted_base(run_id)
+        bench.manifest.write_text(bench_manifest(base_url, pins, base))
         bench.must("invoke lock", bench.invoke("lock", "--manifest", str(bench.manifest)))
         changes = pin_changes(bench.manifest, pins)
         checks = {"base": bench.check()} | {c.stage: bench.check(c.overrides) for c in changes}
@@ -668,6 +681,12 @@ def _builds(bench: Bench, options: Options
             section = change.stage
             measurements.append(bench.measure_baseline(change.stage, change.label,
                                                        change.overrides, section))
+        # On a fresh runner, last: it empties the engine before every build.
+        fresh_found = fresh.run(
+            bench, reg, [base, sample_base()], changes,
+            [s.name for s in base_plan.stages if not is_external(s)],
+            {c.stage: graph_dependents(c.stage) for c in changes},
+            options.repeats) if reg else []
         extra = {
             "manifest": bench.manifest.read_text(),
             "scenarios": [dataclasses.asdict(c) for c in changes],
@@ -675,7 +694,7 @@ def _builds(bench: Bench, options: Options
             "key_changes": key_changes,
             "baseline_chain": chain,
         }
-        return measurements, buildkit, chain, extra
+        return measurements, buildkit, chain, extra, fresh_found
     finally:
         server.stop()
         for tag in bench.tags:
@@ -684,7 +703,8 @@ def _builds(bench: Bench, options: Options
 
 def render(result: Mapping[str, Any], measurements: Sequence[Measurement],
            buildkit: Measurement | None, plans: Sequence[Mapping[str, Any]],
-           targets: Sequence[Target], chain: Sequence[str]) -> str:
+           targets: Sequence[Target], chain: Sequence[str],
+           fresh_found: Sequence[fresh.FreshMeasurement] = ()) -> str:
     parts = []
     if measurements:
         parts.append(scenario_table(measurements, chain))
@@ -703,6 +723,10 @@ def render(result: Mapping[str, Any], measurements: Sequence[Measurement],
                      f"{result.get('background_load', 0):.0%}.")
         if notes:
             parts.append("\n".join(notes))
+    if fresh_found:
+        parts.append("On a fresh runner (every build on an emptied engine; the registry "
+                     "holds what the tool's own cold build pushed; MB through the registry, "
+                     "medians):\n\n" + fresh.table(fresh_found))
     if measurements:
         parts.append("Where imageforge's time went (last run of each scenario; seconds):\n\n"
                      + phases_table(measurements))

@@ -27,7 +27,7 @@ from imageforge.planning.execute import is_external, standalone_bake
 from imageforge.planning.labels import default_tag, labels
 from imageforge.planning.plan import Plan, Status, make_plan
 from imageforge.planning.render import render_dockerfile
-from imageforge.sources import lockfile, lockresolve, locksettle, pinned
+from imageforge.sources import lockfile, locksettle, pinned
 from imageforge.sources import mirror as mirror_mod
 
 
@@ -69,6 +69,9 @@ def settle(ws: Workspace, *, resolve: bool, target: str | None = None) -> lockse
     elif resolve and settled.unresolved:
         # Only now, after the rules passed: resolving may download.
         pinned.verify_commits(loaded, ws.registry, ws.sources.locate_url)
+        # Resolution's modules (registries, git, the package index) load only when asked.
+        from imageforge.sources import lockresolve
+
         resolver = lockresolve.Upstream(cache=ws.sources, stages=ws.registry)
         only = set(closure(target, ws.registry)) if target else None
         settled = locksettle.settle(loaded, current, ws.registry, resolver, local, only=only)
@@ -168,8 +171,10 @@ def write_lock(ws: Workspace, *, upgrade: bool,
                                              registry=ws.registry), None,
                   registry=ws.registry)
     pinned.verify_commits(loaded, ws.registry, ws.sources.locate_url)
+    from imageforge.sources import lockresolve
+
     settled = lockresolve.resolve(loaded, ws.registry, ws.sources, previous,
-                           upgrade=upgrade, only=stages, local_id=ws.local_ids("refresh"))
+                                  upgrade=upgrade, only=stages, local_id=ws.local_ids("refresh"))
     new = settled.lock()
     rules.enforce(manifest_mod.with_versions(loaded, new.versions(), registry=ws.registry),
                   new.pins(), registry=ws.registry)

@@ -47,6 +47,13 @@ class Remote:
     # cache_trust = "verified": the cache directory whose records say which artifacts a
     # rebuild verified (cache/verified.py); only those are used. None: any artifact is.
     verified_in: Path | None = None
+    # What the registry answered during this command, per (stage, key). A build asks again
+    # under its key locks (another build may have stored a key meanwhile, which the local
+    # store tells), and each question is a docker CLI run of a few tenths of a second: on a
+    # fresh runner asking twice cost a build 1.5 s. Another build's push in between can only
+    # turn an answer from no to yes, and a no here means only that this build makes it.
+    answers: dict[tuple[str, str], bool] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False)
 
     @property
     def host(self) -> str:
@@ -101,10 +108,13 @@ class Remote:
         return f"docker-image://{ref}@{wanted}" if wanted else f"docker-image://{ref}"
 
     def holds(self, artifacts: Sequence[tuple[str, str]]) -> list[bool]:
-        """Whether the registry holds each (stage, key), asking HOLDS_AT_ONCE at a time;
-        RemoteUnavailable when it cannot tell."""
+        """Whether the registry holds each (stage, key), asking HOLDS_AT_ONCE at a time and
+        only what this command has not asked yet; RemoteUnavailable when it cannot tell."""
+        asking = [a for a in dict.fromkeys(artifacts) if a not in self.answers]
         with ThreadPoolExecutor(max_workers=HOLDS_AT_ONCE) as pool:
-            return list(pool.map(lambda artifact: self.exists(*artifact), artifacts))
+            self.answers.update(zip(asking, pool.map(lambda a: self.exists(*a), asking),
+                                    strict=True))
+        return [self.answers[artifact] for artifact in artifacts]
 
 
 def check_repository(repository: str) -> str:

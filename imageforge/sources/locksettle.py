@@ -17,7 +17,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence, Set
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from imageforge.errors import LockError
 from imageforge.model import extends, lockpin
@@ -26,7 +26,7 @@ from imageforge.model.inputs import defined_targets, stage_inputs
 from imageforge.model.manifest import Manifest, with_versions
 from imageforge.model.sourcetypes import Source, UrlSource
 from imageforge.model.stage import Context, Stage
-from imageforge.sources import piplock, upstream
+from imageforge.sources import piplock
 from imageforge.sources.lockfile import (
     BASE,
     EXTENDS,
@@ -38,6 +38,10 @@ from imageforge.sources.lockfile import (
     Lock,
     name,
 )
+
+if TYPE_CHECKING:
+    # Only the Resolver's signature names it: settling asks no upstream itself.
+    from imageforge.sources import upstream
 
 # The sections `settle` walks, besides each stage's lock pins (imageforge.model.lockpin). Entries of
 # any other section (a kind a newer imageforge adds) are carried over unchanged.

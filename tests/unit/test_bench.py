@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench import fresh
 from bench.baseline import MERGE, SEED_ORDER, baseline_dockerfile, image_env, instructions
 from bench.rawjson import count_rebuilt, layer_steps, parse_stream
 from bench.report import (
@@ -396,3 +397,40 @@ def test_the_large_wide_graph_has_its_time_and_memory_target() -> None:
     assert "10,000" in fast.name
     assert [t.passed for t in evaluate([], None, [row(2.5, 200.0)], CHAIN)] == [False]
     assert [t.passed for t in evaluate([], None, [row(1.5, 310.0)], CHAIN)] == [False]
+
+
+def _fresh(tool: str, scenario: str, secs: float, rebuilt: list[str],
+           expected: list[str]) -> fresh.FreshMeasurement:
+    return fresh.FreshMeasurement(tool=tool, scenario=scenario, label=scenario,
+                                  seconds=[secs], rebuilt=rebuilt, expected=expected,
+                                  rebuilt_units=len(rebuilt), total_units=9,
+                                  pulled_bytes=[5_000_000, 1_000_000, 3_000_000],
+                                  pushed_bytes=[2_000_000])
+
+
+def test_fresh_runner_targets_are_ratios_to_buildkits_registry_cache_and_exact_rebuilds(
+        ) -> None:
+    found = [
+        _fresh(fresh.FRESH_IMAGEFORGE, "cold", 90.0, ["efa", "smddp"], ["efa", "smddp"]),
+        _fresh(fresh.FRESH_IMAGEFORGE, "no-op", 2.0, [], []),
+        _fresh(fresh.FRESH_IMAGEFORGE, "smddp", 6.0, ["smddp", "boost"], ["smddp"]),
+        _fresh(fresh.FRESH_BUILDKIT, "cold", 100.0, [], []),
+        _fresh(fresh.FRESH_BUILDKIT, "no-op", 10.0, [], []),
+        _fresh(fresh.FRESH_BUILDKIT, "smddp", 10.0, [], []),
+    ]
+    targets = {t.name: t for t in fresh.targets(found)}
+    speed = "imageforge --remote vs BuildKit's registry cache"
+    assert targets[f"fresh runner, cold: {speed}"].measured.startswith("0.90x")
+    assert targets[f"fresh runner, cold: {speed}"].passed          # ≤ 1.0x
+    assert targets[f"fresh runner, no-op: {speed}"].passed         # 0.20x ≤ 0.3x
+    assert not targets[f"fresh runner, smddp: {speed}"].passed     # 0.60x > 0.5x
+    assert all(t.timing for name, t in targets.items() if speed in name)
+    exact = targets["fresh runner, smddp, imageforge: rebuilds exactly its dependents"]
+    assert not exact.passed
+    assert not exact.timing
+    assert targets["fresh runner, cold, imageforge: rebuilds exactly its dependents"].passed
+    assert correctness_failures(list(targets.values())) == [exact.name]
+    table = fresh.table(found)
+    # Medians in MB: pulled 5, 1, 3 -> 3.0; pushed 2.0.
+    assert "| smddp | 6.00 | 10.0 | 0.60x | 3.0 | 3.0 | 2.0 | 2.0 | 2/9 stages: smddp, boost |" \
+        in table

@@ -319,3 +319,20 @@ def test_an_unreachable_registry_is_named_by_the_last_line_of_its_error(
     with pytest.raises(remote.RemoteUnavailable) as unavailable:
         remote.Remote(repository="reg.io:5000/cache").digest("efa", KEY)
     assert str(unavailable.value) == error.strip().lower()
+
+
+def test_holds_asks_the_registry_once_per_artifact_in_a_command(docker: Path) -> None:
+    """A build asks again under its key locks; the registry is asked once per artifact."""
+    _answer(docker, 0, "")
+    (docker / "stdout").write_text('"sha256:0123"\n')
+    counted = docker / "bin" / "docker"
+    counted.write_text(counted.read_text().replace(
+        "#!/bin/sh\n", f"#!/bin/sh\necho \"$4\" >> {docker}/asked\n"))
+    r = remote.Remote(repository="reg.io:5000/cache")
+    assert r.holds([("efa", KEY), ("nccl", KEY)]) == [True, True]
+    _answer(docker, 1, "ERROR: manifest unknown")
+    assert r.holds([("nccl", KEY), ("efa", KEY), ("boost", KEY)]) == [True, True, False]
+    asked = (docker / "asked").read_text().split()
+    assert sorted(asked) == sorted([r.ref("efa", KEY), r.ref("nccl", KEY), r.ref("boost", KEY)])
+    # Another command (another Remote) asks anew.
+    assert remote.Remote(repository="reg.io:5000/cache").holds([("efa", KEY)]) == [False]

@@ -1,0 +1,310 @@
+"""The fresh-runner scenarios: imageforge with its remote cache against BuildKit's own registry
+cache, each build on an engine emptied as a CI runner starts.
+
+What a team would pick instead of imageforge on an ephemeral runner is not a warm local cache
+but `docker buildx build` with `--cache-from/--cache-to type=registry,mode=max`. Both tools
+here build imageforge's rendered Dockerfile's image from the same sources, on the benchmark's
+own engine, against one real registry (distribution with htpasswd auth, the integration tests'
+image, on the host's engine, published on 127.0.0.1):
+
+- before every timed build the engine is emptied: BuildKit's cache pruned, every image but
+  the run's base image removed (imageforge's artifact images included), imageforge's artifact
+  store and up-to-date record deleted. The fetched sources stay, for both: BuildKit needs them
+  as build contexts even when every step is cached.
+- imageforge: `imageforge build --remote REGISTRY/imageforge-cache`: it pulls the artifacts of
+  the stages it reuses, builds the rest and pushes them.
+- BuildKit: `docker buildx build --load` of the rendered Dockerfile with
+  `--cache-from type=registry,ref=REGISTRY/buildkit-cache:base` and `--cache-to ...,mode=max`
+  (the cold and no-op builds export to `base`, each one-pin change to a ref of its own, as CI
+  runs of a branch read main's cache and write their own).
+- bytes pulled and pushed are the registry container's own network counters around each build.
+
+The registry is emptied (a new container) before each tool's cold build only: the no-op and
+the one-pin changes find what that tool's cold build pushed.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.report import Measurement, Target, markdown_table, seconds
+
+if TYPE_CHECKING:
+    from bench.run import Bench, PinChange
+
+ROOT = Path(__file__).resolve().parents[1]
+# The integration tests' registry image (Debian's docker-registry on the local base image):
+# nothing can be pulled here, so it is built locally, as they build it.
+REGISTRY_CONTEXT = ROOT / "tests" / "integration" / "registry"
+REGISTRY_IMAGE = "imageforge-bench/registry:1"
+REGISTRY_USER = "imageforge"
+FRESH_IMAGEFORGE = "imageforge --remote"
+FRESH_BUILDKIT = "buildkit registry cache"
+NOOP_LIMIT = 0.3
+ONE_PIN_LIMIT = 0.5
+COLD_LIMIT = 1.0
+
+
+class Registry:
+    """A registry container on the host's engine (never the benchmark's, which is emptied),
+    its port published on 127.0.0.1; `fresh()` replaces it with an empty one."""
+
+    def __init__(self, work: Path) -> None:
+        # The host's engine as it is before the benchmark points DOCKER_HOST at its own.
+        self.env = dict(os.environ)
+        self.password = "pw-" + secrets.token_hex(12)
+        self.name = f"imageforge-bench-registry-{uuid.uuid4().hex[:8]}"
+        self.address = ""
+        self.config = work / "docker-config"
+
+    def docker(self, *args: str, timeout: float = 600) -> str:
+        proc = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True,
+                              check=False, timeout=timeout)
+        if proc.returncode != 0:
+            from bench.run import BenchError
+
+            raise BenchError(f"docker {args[0]} for the benchmark's registry failed: "
+                             f"{proc.stderr.strip()[-400:]}")
+        return proc.stdout
+
+    def start(self) -> None:
+        self.docker("build", "--quiet", "-t", REGISTRY_IMAGE, str(REGISTRY_CONTEXT))
+        self.fresh()
+
+    def fresh(self) -> None:
+        """An empty registry (a new container) on a new port."""
+        self.stop()
+        self.docker("run", "-d", "--name", self.name, "-p", "127.0.0.1::5000",
+                    "-e", f"REGISTRY_USER={REGISTRY_USER}",
+                    "-e", f"REGISTRY_PASSWORD={self.password}", REGISTRY_IMAGE)
+        port = self.docker("port", self.name, "5000/tcp").split(":")[-1].strip()
+        self.address = f"127.0.0.1:{port}"
+        self.config.mkdir(parents=True, exist_ok=True)
+        auth = base64.b64encode(f"{REGISTRY_USER}:{self.password}".encode()).decode()
+        (self.config / "config.json").write_text(
+            json.dumps({"auths": {self.address: {"auth": auth}}}))
+        deadline = time.monotonic() + 60
+        while not self._answers():
+            if time.monotonic() > deadline:
+                from bench.run import BenchError
+
+                raise BenchError(f"the benchmark's registry on {self.address} did not answer")
+            time.sleep(0.3)
+
+    def _answers(self) -> bool:
+        import requests
+
+        try:
+            return requests.get(f"http://{self.address}/v2/", timeout=2).status_code == 401
+        except requests.RequestException:
+            return False
+
+    def traffic(self) -> tuple[int, int]:
+        """(bytes the registry received, bytes it sent) since it started: what clients
+        pushed and pulled, HTTP and TCP overhead included."""
+        out = self.docker("exec", self.name, "cat", "/sys/class/net/eth0/statistics/rx_bytes",
+                          "/sys/class/net/eth0/statistics/tx_bytes")
+        received, sent = (int(v) for v in out.split())
+        return received, sent
+
+    def stop(self) -> None:
+        subprocess.run(["docker", "rm", "--force", "--volumes", self.name], env=self.env,
+                       capture_output=True, check=False, timeout=120)
+
+
+@contextmanager
+def registry(work: Path, enabled: bool) -> Iterator[Registry | None]:
+    if not enabled:
+        yield None
+        return
+    found = Registry(work)
+    try:
+        found.start()
+        yield found
+    finally:
+        found.stop()
+
+
+@dataclasses.dataclass(kw_only=True)
+class FreshMeasurement(Measurement):
+    """A fresh-runner build: its time, what it rebuilt, and the registry's traffic."""
+
+    pushed_bytes: list[int] = dataclasses.field(default_factory=list)
+    pulled_bytes: list[int] = dataclasses.field(default_factory=list)
+
+
+def empty_engine(bench: Bench, keep: Sequence[str]) -> None:
+    """The benchmark engine as a fresh runner has it: no BuildKit cache, no image but `keep`
+    (the base image), and no imageforge cache but the fetched sources."""
+    run = subprocess.run
+    bench.must("docker buildx prune", run(["docker", "buildx", "prune", "--all", "--force"],
+                                          capture_output=True, check=False, timeout=600))
+    kept = set()
+    for ref in keep:
+        proc = run(["docker", "image", "inspect", "--format", "{{.Id}}", ref],
+                   capture_output=True, text=True, check=False)
+        kept.add(proc.stdout.strip())
+    listed = run(["docker", "image", "ls", "--all", "--no-trunc", "--format",
+                  "{{.ID}} {{.Repository}}:{{.Tag}}"], capture_output=True, text=True,
+                 check=False).stdout.split("\n")
+    doomed = sorted({ref if not ref.endswith("<none>:<none>") else image
+                     for image, _, ref in (line.partition(" ") for line in listed if line)
+                     if image not in kept})
+    if doomed:
+        run(["docker", "image", "rm", "--force", *doomed], capture_output=True, check=False,
+            timeout=600)
+    for entry in bench.cache.iterdir() if bench.cache.exists() else []:
+        if entry.name != "sources":
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    shutil.rmtree(bench.work / "xdg-cache", ignore_errors=True)
+
+
+def measure_imageforge(bench: Bench, reg: Registry, keep: Sequence[str], scenario: str, label: str,
+                       expected: list[str], overrides: Sequence[str] = (),
+                       repeats: int = 1) -> FreshMeasurement:
+    m = FreshMeasurement(tool=FRESH_IMAGEFORGE, scenario=scenario, label=label,
+                         expected=expected)
+    env = {"IMAGEFORGE_REGISTRY_USER": REGISTRY_USER, "IMAGEFORGE_REGISTRY_PASSWORD":
+           reg.password}
+    for _ in range(repeats):
+        empty_engine(bench, keep)
+        before = reg.traffic()
+        timed, report = bench.imageforge_build(
+            f"fresh-{scenario}", overrides, remote=f"{reg.address}/imageforge-cache", env=env)
+        after = reg.traffic()
+        m.seconds.append(round(timed.seconds, 3))
+        m.cpu_seconds.append(round(timed.cpu_seconds, 3))
+        m.pushed_bytes.append(after[0] - before[0])
+        m.pulled_bytes.append(after[1] - before[1])
+        m.report_states = {s["name"]: s["state"] for s in report["stages"]}
+        m.phases = {k: float(v) for k, v in report.get("phases", {}).items()}
+        m.rebuilt = [name for name, state in m.report_states.items() if state == "built"]
+        m.rebuilt_units, m.total_units = len(m.rebuilt), len(m.report_states)
+    if not m.as_expected:
+        m.faults.append("rebuilt " + (", ".join(m.rebuilt) or "nothing") + ", the graph says "
+                        + (", ".join(m.expected) or "nothing"))
+        m.notes.append(m.faults[-1])
+    bench.say(f"fresh runner, imageforge {label}: {seconds(m.median_seconds)} s, rebuilt "
+              f"{', '.join(m.rebuilt) or 'nothing'}, pulled {_mb(m.pulled_bytes)} MB, "
+              f"pushed {_mb(m.pushed_bytes)} MB")
+    return m
+
+
+def measure_buildkit(bench: Bench, reg: Registry, keep: Sequence[str], scenario: str, label: str,
+                     overrides: Sequence[str] = (), repeats: int = 1) -> FreshMeasurement:
+    rendered = bench.must("invoke render", bench.invoke(
+        "render", "--manifest", str(bench.manifest), "--target", "smddp",
+        *[arg for o in overrides for arg in ("--set", o)]))
+    dockerfile = bench.work / "fresh" / f"{scenario}.Dockerfile"
+    dockerfile.parent.mkdir(parents=True, exist_ok=True)
+    dockerfile.write_bytes(rendered)
+    contexts = bench.fetch(overrides)
+    cache = f"{reg.address}/buildkit-cache"
+    writes = "base" if scenario in ("cold", "no-op") else scenario
+    m = FreshMeasurement(tool=FRESH_BUILDKIT, scenario=scenario, label=label, unit="layers")
+    for _ in range(repeats):
+        empty_engine(bench, keep)
+        before = reg.traffic()
+        timed, steps = bench.buildx(
+            f"docker buildx build with the registry cache ({scenario})", dockerfile, contexts,
+            bench.tag(FRESH_BUILDKIT.replace(" ", "-"), scenario), target="smddp",
+            extra=["--cache-from", f"type=registry,ref={cache}:base",
+                   "--cache-to", f"type=registry,ref={cache}:{writes},mode=max"],
+            env={**os.environ, "DOCKER_CONFIG": str(reg.config)})
+        after = reg.traffic()
+        m.seconds.append(round(timed.seconds, 3))
+        m.cpu_seconds.append(round(timed.cpu_seconds, 3))
+        m.pushed_bytes.append(after[0] - before[0])
+        m.pulled_bytes.append(after[1] - before[1])
+        m.rebuilt_units = sum(1 for s in steps if s.rebuilt)
+        m.total_units = len(steps)
+    bench.say(f"fresh runner, BuildKit registry cache {label}: {seconds(m.median_seconds)} s, "
+              f"ran {m.rebuilt_units}/{m.total_units} steps, pulled {_mb(m.pulled_bytes)} MB, "
+              f"pushed {_mb(m.pushed_bytes)} MB")
+    return m
+
+
+def run(bench: Bench, reg: Registry, keep: Sequence[str], changes: Sequence[PinChange],
+        stages: Sequence[str], dependents: Mapping[str, list[str]],
+        repeats: int) -> list[FreshMeasurement]:
+    """Both tools, each from an empty registry: cold, no-op (`repeats`), every one-pin
+    change."""
+    found: list[FreshMeasurement] = []
+    reg.fresh()
+    found.append(measure_imageforge(bench, reg, keep, "cold", "cold build", list(stages)))
+    found.append(measure_imageforge(bench, reg, keep, "no-op", "no-op rebuild", [],
+                                    repeats=repeats))
+    found += [measure_imageforge(bench, reg, keep, c.stage, c.label, dependents[c.stage],
+                                 c.overrides) for c in changes]
+    reg.fresh()
+    found.append(measure_buildkit(bench, reg, keep, "cold", "cold build"))
+    found.append(measure_buildkit(bench, reg, keep, "no-op", "no-op rebuild",
+                                  repeats=repeats))
+    found += [measure_buildkit(bench, reg, keep, c.stage, c.label, c.overrides)
+              for c in changes]
+    return found
+
+
+def targets(measurements: Sequence[FreshMeasurement]) -> list[Target]:
+    by_key = {(m.tool, m.scenario): m for m in measurements}
+    found = []
+    for m in measurements:
+        theirs = by_key.get((FRESH_BUILDKIT, m.scenario))
+        if m.tool != FRESH_IMAGEFORGE or theirs is None:
+            continue
+        limit = NOOP_LIMIT if m.scenario == "no-op" else COLD_LIMIT if m.scenario == "cold" \
+            else ONE_PIN_LIMIT
+        ratio = m.median_seconds / theirs.median_seconds
+        found.append(Target(
+            name=f"fresh runner, {m.label}: imageforge --remote vs BuildKit's registry cache",
+            measured=f"{ratio:.2f}x ({seconds(m.median_seconds)} s vs "
+                     f"{seconds(theirs.median_seconds)} s)",
+            limit=f"≤ {limit}x", passed=ratio <= limit, timing=True))
+        if m.scenario != "no-op":
+            found.append(Target(
+                name=f"fresh runner, {m.label}, imageforge: rebuilds exactly its dependents",
+                measured=", ".join(m.rebuilt) or "nothing", limit=", ".join(m.expected),
+                passed=m.as_expected))
+    return found
+
+
+def table(measurements: Sequence[FreshMeasurement]) -> str:
+    by_key = {(m.tool, m.scenario): m for m in measurements}
+    rows = []
+    for m in measurements:
+        theirs = by_key.get((FRESH_BUILDKIT, m.scenario))
+        if m.tool != FRESH_IMAGEFORGE or theirs is None:
+            continue
+        runs = f" (median of {len(m.seconds)})" if len(m.seconds) > 1 else ""
+        rows.append([m.label + runs, seconds(m.median_seconds), seconds(theirs.median_seconds),
+                     f"{m.median_seconds / theirs.median_seconds:.2f}x",
+                     _mb(m.pulled_bytes), _mb(theirs.pulled_bytes),
+                     _mb(m.pushed_bytes), _mb(theirs.pushed_bytes),
+                     f"{m.rebuilt_units}/{m.total_units} stages"
+                     + (f": {', '.join(m.rebuilt)}" if 0 < m.rebuilt_units < m.total_units
+                        else ""),
+                     f"{theirs.rebuilt_units}/{theirs.total_units} steps"])
+    return markdown_table(
+        ["fresh runner", "imageforge s", "BuildKit s", "imageforge/BuildKit",
+         "imageforge pulled MB", "BuildKit pulled MB", "imageforge pushed MB",
+         "BuildKit pushed MB", "imageforge rebuilt", "BuildKit ran"],
+        rows, right=(1, 2, 3, 4, 5, 6, 7))
+
+
+def _mb(values: Sequence[int]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"{ordered[len(ordered) // 2] / 1e6:.1f}"
