@@ -231,3 +231,19 @@ def test_push_and_pull_need_a_remote(settings: Workspace) -> None:
     with pytest.raises(UsageError) as info:
         cachecmd.pull(settings, "efa-nccl")
     assert str(info.value) == "cache.pull needs --remote (or imageforge.remote in invoke.yaml)."
+
+
+def test_explain_takes_a_record_whose_deps_are_not_a_table_as_no_record(tmp_path: Path) -> None:
+    settings = Workspace(registry=STAGES, manifest=EFA_NCCL, cache_dir=tmp_path / "cache")
+    plan = project.plan(settings, "nccl")
+    nccl = plan.stage("nccl")
+    _last(settings, "nccl", {"inputs": dict(nccl.inputs), "deps": [plan.stage("base").key],
+                             "recipe": nccl.recipe, "key": "sha256:other"})
+    assert cachecmd.explain(settings, "nccl").splitlines() == [
+        "base: never built with this cache", "nccl: never built with this cache"]
+
+
+def test_differences_show_each_value_cut_at_400_characters() -> None:
+    long, whole = "x" * 401, "y" * 400
+    assert cachecmd._differences({"v": long, "w": whole}, {"v": "1", "w": "2"}) == [
+        f"v {'x' * 400}\N{HORIZONTAL ELLIPSIS} -> 1", f"w {whole} -> 2"]

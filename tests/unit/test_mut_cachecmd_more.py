@@ -7,6 +7,7 @@ Every question and transfer it saw is logged, so the tests check what the regist
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -318,3 +319,31 @@ def test_explain_names_only_the_stages_the_registry_lacks(
     for name in STAGES[:-1]:
         registry.publish(name, keys[name])
     assert cachecmd.explain(settings, "efa-nccl") == "efa-nccl: never built with this cache"
+
+
+# ---- cache_trust = "verified": only artifacts a rebuild verified count ----------------------
+
+
+@pytest.fixture
+def trusting(settings: Workspace) -> Workspace:
+    """The same workspace under cache_trust = "verified"; no rebuild has verified anything."""
+    return dataclasses.replace(settings, trust_verified=True)
+
+
+def test_pull_under_verified_trust_leaves_unverified_artifacts_in_the_registry(
+        trusting: Workspace, registry: Registry, keys: dict[str, str]) -> None:
+    for name in ("nccl", "nccl-tests"):
+        registry.publish(name, keys[name])
+    assert cachecmd.pull(trusting, "efa-nccl") == f"pulled 0 artifacts from {REPO}"
+    assert sorted(registry.seen("inspect")) == sorted(registry.ref(n, keys[n]) for n in STAGES)
+    assert registry.seen("pull") == []
+    assert trusting.store.all_entries() == []
+
+
+def test_explain_under_verified_trust_counts_unverified_artifacts_as_not_cached(
+        trusting: Workspace, registry: Registry, keys: dict[str, str]) -> None:
+    for name in STAGES:
+        registry.publish(name, keys[name])
+    assert cachecmd.explain(trusting, "efa-nccl").splitlines() == [
+        f"{name}: never built with this cache" for name in STAGES]
+    assert sorted(registry.seen("inspect")) == sorted(registry.ref(n, keys[n]) for n in STAGES)
