@@ -252,6 +252,45 @@ def test_pip_requirements_without_a_solution_are_refused_naming_the_stage(
     assert message.endswith("); fix them in the manifest.")
 
 
+
+def test_a_pip_set_whose_origin_names_an_index_is_resolved_there_not_at_pypi(
+        index: Index, tmp_path: Path) -> None:
+    # The endpoints' PyPI answers nothing: only the origin's own index can resolve the set.
+    up = lockresolve.Upstream(cache=SourceCache(tmp_path), stages=STAGES,
+                              endpoints=Endpoints(pypi="http://127.0.0.1:9/nothing/"))
+    index.seen.clear()
+    origin = {**TORCH_ORIGIN, "index": index.pypi + "simple"}
+    assert up.pip("pytorch", origin, None) == {"packages": index.packages("4.0.0")}
+    assert "/INDEX/simple/typing-extensions/" in index.seen
+
+
+# ---- _settle_pip: a stage's own index ------------------------------------------------------------
+
+
+WHEEL_INDEX = "https://download.pytorch.org/whl/cu130"
+TORCH_WHEELS: list[dict[str, object]] = [
+    {"name": "torch", "version": "2.14.1", "hashes": ["sha256:" + SHA_A]},
+    {"name": "torchvision", "version": "0.29.1", "hashes": ["sha256:" + SHA_B]}]
+
+
+def _wheel_lock(origin: dict[str, object]) -> lockfile.Lock:
+    return lockfile.Lock(entries={TORCH_PIP: entry(origin, packages=TORCH_WHEELS)})
+
+
+def test_a_pip_entry_is_current_only_when_it_was_resolved_at_the_stages_own_index() -> None:
+    manifest = load(ROOT / "manifests/real-pytorch.toml",
+                    (f"stages.pytorch.index={WHEEL_INDEX}/",), registry=STAGES)
+    origin: dict[str, object] = {"requirements": ["torch==2.14.1", "torchvision==0.29.1"],
+                                 "python": "3.11", "platform": "linux/amd64"}
+    settled = locksettle.settle(manifest, _wheel_lock({**origin, "index": WHEEL_INDEX}), STAGES)
+    assert TORCH_PIP not in settled.stale
+    assert settled.manifest.stages["pytorch"][piplock.INPUT] == TORCH_WHEELS
+    # The same set resolved at PyPI is not this stage's: it is resolved again.
+    elsewhere = locksettle.settle(manifest, _wheel_lock(origin), STAGES)
+    assert TORCH_PIP in elsewhere.stale
+    assert piplock.INPUT not in elsewhere.manifest.stages["pytorch"]
+
+
 # ---- Upstream.upgrades ---------------------------------------------------------------------------
 
 
