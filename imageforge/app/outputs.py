@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from imageforge import diskfull
+from imageforge import diskfull, jsonfile
 from imageforge.errors import UsageError
-
-if TYPE_CHECKING:
-    pass
 
 
 def write_output(flag: str, path: str, text: str, *, append: bool = False) -> None:
-    """Write (or append to) the file a flag names; refusing a path names that flag."""
+    """Write (or append to) the file a flag names; refusing a path names that flag. A
+    regular file is replaced whole through a temporary file beside it (a reader, or a crash,
+    never sees half of it); a device, a FIFO or /dev/stdout is written in place."""
     try:
-        with open(path, "a" if append else "w", encoding="utf-8") as handle:
-            handle.write(text)
+        if append:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(text)
+        else:
+            if not Path(path).resolve().parent.is_dir():
+                # As open() would: an output never creates directories nobody named.
+                raise FileNotFoundError(2, "No such file or directory", path)
+            jsonfile.write_text(Path(path), text)
     except OSError as exc:
         if diskfull.is_full(exc):
             raise

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -322,3 +324,25 @@ def test_build_and_matrix_build_read_the_same_ca_bundle(
                                                         progress="plain", report=None))}
     with pytest.raises(ManifestError, match=rf"^SSL_CERT_FILE {tmp_path}/absent.pem: cannot "):
         runs[run]()
+
+
+def test_an_output_file_is_replaced_whole_and_a_fifo_written_in_place(tmp_path: Path) -> None:
+    """A regular file is renamed over, never truncated in place: a second link to the old
+    file keeps the old text, and no temporary file is left. A FIFO (a shell's >(jq .)) stays
+    a FIFO and gets the text."""
+    report = tmp_path / "report.json"
+    report.write_text("old\n")
+    os.link(report, tmp_path / "earlier.json")
+    outputs.write_output("--out", str(report), "new\n")
+    assert report.read_text() == "new\n"
+    assert (tmp_path / "earlier.json").read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier.json", "report.json"]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    outputs.write_output("--out", str(fifo), "through\n")
+    reader.join(timeout=10)
+    assert got == ["through\n"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
