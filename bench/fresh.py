@@ -7,7 +7,8 @@ here build imageforge's rendered Dockerfile's image from the same sources, on th
 own engine, against one real registry (distribution with htpasswd auth, the integration tests'
 image, on the host's engine, published on 127.0.0.1):
 
-- before every timed build the engine is emptied: BuildKit's cache pruned, every image but
+- each tool's series runs on a Docker engine of its own, started for it (see new_engine), and
+  before every timed build that engine is emptied: BuildKit's cache pruned, every image but
   the run's base image removed (imageforge's artifact images included), imageforge's artifact
   store and up-to-date record deleted. The fetched sources stay, for both: BuildKit needs them
   as build contexts even when every step is cached.
@@ -39,6 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.engine import Engine
 from bench.report import Measurement, Target, markdown_table, seconds
 
 if TYPE_CHECKING:
@@ -236,24 +238,46 @@ def measure_buildkit(bench: Bench, reg: Registry, keep: Sequence[str], scenario:
     return m
 
 
+@contextmanager
+def new_engine(work: Path, name: str, images: Sequence[str]) -> Iterator[None]:
+    """A Docker engine never used before, with `images` copied in from the current one, for
+    one tool's series. Emptying an engine is not enough after another tool used it: once a
+    plain `buildx build --load` of the same steps (with buildx's default provenance) had run
+    there, imageforge's next builds failed reading their artifacts ("no processor for
+    media-type application/vnd.in-toto+json"), which no runner that starts empty meets."""
+    before = os.environ.get("DOCKER_HOST")
+    with Engine(work / name, label=f"imageforge-bench-{name}") as engine:
+        engine.load(images)
+        os.environ.update(engine.env)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("DOCKER_HOST", None)
+            else:
+                os.environ["DOCKER_HOST"] = before
+
+
 def run(bench: Bench, reg: Registry, keep: Sequence[str], changes: Sequence[PinChange],
         stages: Sequence[str], dependents: Mapping[str, list[str]],
         repeats: int) -> list[FreshMeasurement]:
-    """Both tools, each from an empty registry: cold, no-op (`repeats`), every one-pin
-    change."""
+    """Both tools, each on an engine of its own and from an empty registry: cold, no-op
+    (`repeats`), every one-pin change."""
     found: list[FreshMeasurement] = []
     reg.fresh()
-    found.append(measure_imageforge(bench, reg, keep, "cold", "cold build", list(stages)))
-    found.append(measure_imageforge(bench, reg, keep, "no-op", "no-op rebuild", [],
-                                    repeats=repeats))
-    found += [measure_imageforge(bench, reg, keep, c.stage, c.label, dependents[c.stage],
-                                 c.overrides) for c in changes]
+    with new_engine(bench.work, "fresh-imageforge", keep):
+        found.append(measure_imageforge(bench, reg, keep, "cold", "cold build", list(stages)))
+        found.append(measure_imageforge(bench, reg, keep, "no-op", "no-op rebuild", [],
+                                        repeats=repeats))
+        found += [measure_imageforge(bench, reg, keep, c.stage, c.label, dependents[c.stage],
+                                     c.overrides) for c in changes]
     reg.fresh()
-    found.append(measure_buildkit(bench, reg, keep, "cold", "cold build"))
-    found.append(measure_buildkit(bench, reg, keep, "no-op", "no-op rebuild",
-                                  repeats=repeats))
-    found += [measure_buildkit(bench, reg, keep, c.stage, c.label, c.overrides)
-              for c in changes]
+    with new_engine(bench.work, "fresh-buildkit", keep):
+        found.append(measure_buildkit(bench, reg, keep, "cold", "cold build"))
+        found.append(measure_buildkit(bench, reg, keep, "no-op", "no-op rebuild",
+                                      repeats=repeats))
+        found += [measure_buildkit(bench, reg, keep, c.stage, c.label, c.overrides)
+                  for c in changes]
     return found
 
 
