@@ -434,3 +434,19 @@ def test_fresh_runner_targets_are_ratios_to_buildkits_registry_cache_and_exact_r
     # Medians in MB: pulled 5, 1, 3 -> 3.0; pushed 2.0.
     assert "| smddp | 6.00 | 10.0 | 0.60x | 3.0 | 3.0 | 2.0 | 2.0 | 2/9 stages: smddp, boost |" \
         in table
+
+
+@pytest.mark.parametrize(("mine", "theirs", "passed"), [
+    ([3.2, 3.4, 3.0], 1.4, False),    # median 3.2 s: 1.80 s above BuildKit's 1.4 s
+    ([2.3], 1.4, True),               # 0.90 s above
+])
+def test_the_warm_fixed_overhead_is_the_last_stage_bump_above_buildkits_own(
+        mine: list[float], theirs: float, passed: bool) -> None:
+    targets = evaluate([_m(IMAGEFORGE, "smddp", mine, ["smddp"], 9),
+                        _m(BASELINE, "smddp", [theirs], ["smddp"], 15, unit="layers")],
+                       None, [], CHAIN)
+    overhead = next(t for t in targets if "fixed overhead" in t.name)
+    assert overhead.passed is passed
+    assert overhead.timing
+    assert overhead.measured.startswith("1.80 s" if not passed else "0.90 s")
+    assert overhead.limit == "≤ 1.0 s"
