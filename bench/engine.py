@@ -16,7 +16,8 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -139,6 +140,24 @@ class Engine:
 
     def _forget(self) -> None:
         forget_namespaces(self.name)
+
+
+@contextmanager
+def serving(root: Path, images: Sequence[str], *, label: str = "imageforge-bench"
+            ) -> Iterator[Engine]:
+    """A new engine at `root` with `images` copied in from the current one, and every docker
+    command of the block (this process's and its children's) on it, through DOCKER_HOST."""
+    before = os.environ.get("DOCKER_HOST")
+    with Engine(root, label=label) as engine:
+        engine.load(images)
+        os.environ.update(engine.env)
+        try:
+            yield engine
+        finally:
+            if before is None:
+                os.environ.pop("DOCKER_HOST", None)
+            else:
+                os.environ["DOCKER_HOST"] = before
 
 
 def mounts_under(root: Path) -> list[str]:

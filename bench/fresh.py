@@ -40,7 +40,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.engine import Engine
+import requests
+
+from bench.engine import serving
 from bench.report import Measurement, Target, markdown_table, seconds
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class Registry:
         proc = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True,
                               check=False, timeout=timeout)
         if proc.returncode != 0:
+            # bench.run imports this module: its error is imported where it is raised.
             from bench.run import BenchError
 
             raise BenchError(f"docker {args[0]} for the benchmark's registry failed: "
@@ -106,8 +109,6 @@ class Registry:
             time.sleep(0.3)
 
     def _answers(self) -> bool:
-        import requests
-
         try:
             return requests.get(f"http://{self.address}/v2/", timeout=2).status_code == 401
         except requests.RequestException:
@@ -245,17 +246,8 @@ def new_engine(work: Path, name: str, images: Sequence[str]) -> Iterator[None]:
     plain `buildx build --load` of the same steps (with buildx's default provenance) had run
     there, imageforge's next builds failed reading their artifacts ("no processor for
     media-type application/vnd.in-toto+json"), which no runner that starts empty meets."""
-    before = os.environ.get("DOCKER_HOST")
-    with Engine(work / name, label=f"imageforge-bench-{name}") as engine:
-        engine.load(images)
-        os.environ.update(engine.env)
-        try:
-            yield
-        finally:
-            if before is None:
-                os.environ.pop("DOCKER_HOST", None)
-            else:
-                os.environ["DOCKER_HOST"] = before
+    with serving(work / name, images, label=f"imageforge-bench-{name}"):
+        yield
 
 
 def run(bench: Bench, reg: Registry, keep: Sequence[str], changes: Sequence[PinChange],
@@ -281,13 +273,18 @@ def run(bench: Bench, reg: Registry, keep: Sequence[str], changes: Sequence[PinC
     return found
 
 
-def targets(measurements: Sequence[FreshMeasurement]) -> list[Target]:
-    by_key = {(m.tool, m.scenario): m for m in measurements}
-    found = []
+def _pairs(measurements: Sequence[FreshMeasurement]
+           ) -> Iterator[tuple[FreshMeasurement, FreshMeasurement]]:
+    """(imageforge's, BuildKit's) measurement of each scenario both tools ran."""
+    theirs = {m.scenario: m for m in measurements if m.tool == FRESH_BUILDKIT}
     for m in measurements:
-        theirs = by_key.get((FRESH_BUILDKIT, m.scenario))
-        if m.tool != FRESH_IMAGEFORGE or theirs is None:
-            continue
+        if m.tool == FRESH_IMAGEFORGE and m.scenario in theirs:
+            yield m, theirs[m.scenario]
+
+
+def targets(measurements: Sequence[FreshMeasurement]) -> list[Target]:
+    found = []
+    for m, theirs in _pairs(measurements):
         limit = NOOP_LIMIT if m.scenario == "no-op" else COLD_LIMIT if m.scenario == "cold" \
             else ONE_PIN_LIMIT
         ratio = m.median_seconds / theirs.median_seconds
@@ -305,12 +302,8 @@ def targets(measurements: Sequence[FreshMeasurement]) -> list[Target]:
 
 
 def table(measurements: Sequence[FreshMeasurement]) -> str:
-    by_key = {(m.tool, m.scenario): m for m in measurements}
     rows = []
-    for m in measurements:
-        theirs = by_key.get((FRESH_BUILDKIT, m.scenario))
-        if m.tool != FRESH_IMAGEFORGE or theirs is None:
-            continue
+    for m, theirs in _pairs(measurements):
         runs = f" (median of {len(m.seconds)})" if len(m.seconds) > 1 else ""
         rows.append([m.label + runs, seconds(m.median_seconds), seconds(theirs.median_seconds),
                      f"{m.median_seconds / theirs.median_seconds:.2f}x",

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from bench import cpu, fresh
 from bench.baseline import SEED_ORDER, Baseline, baseline_dockerfile
-from bench.engine import Engine
+from bench.engine import serving
 from bench.rawjson import layer_steps, parse_stream
 from bench.report import (
     BASELINE,
@@ -773,18 +773,9 @@ def _engine(options: Options, work: Path) -> Iterator[None]:
     if options.engine == "host":
         yield
         return
-    before = os.environ.get("DOCKER_HOST")
-    with Engine(work / "engine") as engine:
+    with serving(work / "engine", [sample_base()]) as engine:
         print(f"benchmark engine: {engine.socket}", file=sys.stderr, flush=True)
-        engine.load([sample_base()])
-        os.environ.update(engine.env)
-        try:
-            yield
-        finally:
-            if before is None:
-                os.environ.pop("DOCKER_HOST", None)
-            else:
-                os.environ["DOCKER_HOST"] = before
+        yield
 
 
 @contextlib.contextmanager
