@@ -14,10 +14,12 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imageforge import log
 from imageforge.cache import verified
@@ -25,12 +27,18 @@ from imageforge.cache.artifacts import key_hex
 from imageforge.cmd import docker_binary, run
 from imageforge.errors import CacheError, UsageError
 
+if TYPE_CHECKING:
+    from imageforge.cache import registryhttp
+
 _REPOSITORY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+")
 # How long `docker buildx imagetools inspect` may take before the registry counts as down.
 INSPECT_TIMEOUT = 30.0
 _UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "connection reset",
                 "dial tcp", "server misbehaving", "eof", "503", "502", "500 internal")
 
+
+_REFUSED = ("registry {host} refused our credentials; check IMAGEFORGE_REGISTRY_USER/"
+            "IMAGEFORGE_REGISTRY_PASSWORD or `docker login`.")
 
 # Registry questions in flight at once: planning, cache.pull and ci.generate all ask this many.
 HOLDS_AT_ONCE = 4
@@ -54,6 +62,12 @@ class Remote:
     # turn an answer from no to yes, and a no here means only that this build makes it.
     answers: dict[tuple[str, str], bool] = dataclasses.field(
         default_factory=dict, compare=False, repr=False)
+    # The registry's HTTP API, asked directly where it can be (registryhttp.py): made on the
+    # first question, so a command that asks none does not import requests.
+    _http: list[registryhttp.Client] = dataclasses.field(
+        default_factory=list, compare=False, repr=False)
+    _http_lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def host(self) -> str:
@@ -81,7 +95,30 @@ class Remote:
         return True
 
     def digest(self, stage: str, key: str, *, timeout: float = INSPECT_TIMEOUT) -> str | None:
-        """The manifest digest the registry serves for the artifact; None: it has none."""
+        """The manifest digest the registry serves for the artifact; None: it has none. Asked
+        over HTTP, or where that cannot be done as docker would do it, by docker."""
+        from imageforge.cache import registryhttp
+
+        name = self.ref(stage, key).split("/", 1)[1].rpartition(":")[0]
+        try:
+            return self.http().manifest_digest(name, key_hex(key), timeout=timeout)
+        except registryhttp.Unsupported:
+            pass
+        except registryhttp.Refused:
+            raise CacheError(_REFUSED.format(host=self.host)) from None
+        except registryhttp.Unavailable as why:
+            raise RemoteUnavailable(str(why)) from None
+        return self._docker_digest(stage, key, timeout)
+
+    def http(self) -> registryhttp.Client:
+        from imageforge.cache import registryhttp
+
+        with self._http_lock:
+            if not self._http:
+                self._http.append(registryhttp.Client(self.host, self.env))
+            return self._http[0]
+
+    def _docker_digest(self, stage: str, key: str, timeout: float) -> str | None:
         proc = run([docker_binary(), "buildx", "imagetools", "inspect", self.ref(stage, key),
                     "--format", "{{json .Manifest.Digest}}"], timeout=timeout, env=self.env,
                    error=RemoteUnavailable,
@@ -94,9 +131,7 @@ class Remote:
         if any(word in error for word in _UNREACHABLE):
             raise RemoteUnavailable(error.splitlines()[-1] if error else "no answer")
         if "unauthorized" in error or "authorization failed" in error:
-            raise CacheError(f"registry {self.host} refused our credentials; check "
-                             "IMAGEFORGE_REGISTRY_USER/IMAGEFORGE_REGISTRY_PASSWORD or "
-                             "`docker login`.")
+            raise CacheError(_REFUSED.format(host=self.host))
         raise RemoteUnavailable(error.splitlines()[-1] if error else "unknown error")
 
     def context(self, stage: str, key: str) -> str:
