@@ -148,12 +148,17 @@ class FreshMeasurement(Measurement):
     pulled_bytes: list[int] = dataclasses.field(default_factory=list)
 
 
-def empty_engine(bench: Bench, keep: Sequence[str]) -> None:
-    """The benchmark engine as a fresh runner has it: no BuildKit cache, no image but `keep`
-    (the base image), and no imageforge cache but the fetched sources."""
+def empty_engine(cache: Path, keep: Sequence[str], scratch: Sequence[Path] = ()) -> None:
+    """The current engine as a fresh runner has it: no BuildKit cache, no image but `keep`
+    (the base image), no imageforge cache in `cache` but the fetched sources, and none of
+    the `scratch` directories."""
     run = subprocess.run
-    bench.must("docker buildx prune", run(["docker", "buildx", "prune", "--all", "--force"],
-                                          capture_output=True, check=False, timeout=600))
+    pruned = run(["docker", "buildx", "prune", "--all", "--force"], capture_output=True,
+                 text=True, check=False, timeout=600)
+    if pruned.returncode != 0:
+        from bench.run import BenchError
+
+        raise BenchError(f"docker buildx prune failed: {pruned.stderr.strip()[-400:]}")
     kept = set()
     for ref in keep:
         proc = run(["docker", "image", "inspect", "--format", "{{.Id}}", ref],
@@ -168,10 +173,11 @@ def empty_engine(bench: Bench, keep: Sequence[str]) -> None:
     if doomed:
         run(["docker", "image", "rm", "--force", *doomed], capture_output=True, check=False,
             timeout=600)
-    for entry in bench.cache.iterdir() if bench.cache.exists() else []:
+    for entry in cache.iterdir() if cache.exists() else []:
         if entry.name != "sources":
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    shutil.rmtree(bench.work / "xdg-cache", ignore_errors=True)
+    for directory in scratch:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def measure_imageforge(bench: Bench, reg: Registry, keep: Sequence[str], scenario: str, label: str,
@@ -182,7 +188,7 @@ def measure_imageforge(bench: Bench, reg: Registry, keep: Sequence[str], scenari
     env = {"IMAGEFORGE_REGISTRY_USER": REGISTRY_USER, "IMAGEFORGE_REGISTRY_PASSWORD":
            reg.password}
     for _ in range(repeats):
-        empty_engine(bench, keep)
+        empty_engine(bench.cache, keep, [bench.work / "xdg-cache"])
         before = reg.traffic()
         timed, report = bench.imageforge_build(
             f"fresh-{scenario}", overrides, remote=f"{reg.address}/imageforge-cache", env=env)
@@ -200,8 +206,8 @@ def measure_imageforge(bench: Bench, reg: Registry, keep: Sequence[str], scenari
                         + (", ".join(m.expected) or "nothing"))
         m.notes.append(m.faults[-1])
     bench.say(f"fresh runner, imageforge {label}: {seconds(m.median_seconds)} s, rebuilt "
-              f"{', '.join(m.rebuilt) or 'nothing'}, pulled {_mb(m.pulled_bytes)} MB, "
-              f"pushed {_mb(m.pushed_bytes)} MB")
+              f"{', '.join(m.rebuilt) or 'nothing'}, pulled {mb(m.pulled_bytes)} MB, "
+              f"pushed {mb(m.pushed_bytes)} MB")
     return m
 
 
@@ -218,7 +224,7 @@ def measure_buildkit(bench: Bench, reg: Registry, keep: Sequence[str], scenario:
     writes = "base" if scenario in ("cold", "no-op") else scenario
     m = FreshMeasurement(tool=FRESH_BUILDKIT, scenario=scenario, label=label, unit="layers")
     for _ in range(repeats):
-        empty_engine(bench, keep)
+        empty_engine(bench.cache, keep, [bench.work / "xdg-cache"])
         before = reg.traffic()
         timed, steps = bench.buildx(
             f"docker buildx build with the registry cache ({scenario})", dockerfile, contexts,
@@ -234,8 +240,8 @@ def measure_buildkit(bench: Bench, reg: Registry, keep: Sequence[str], scenario:
         m.rebuilt_units = sum(1 for s in steps if s.rebuilt)
         m.total_units = len(steps)
     bench.say(f"fresh runner, BuildKit registry cache {label}: {seconds(m.median_seconds)} s, "
-              f"ran {m.rebuilt_units}/{m.total_units} steps, pulled {_mb(m.pulled_bytes)} MB, "
-              f"pushed {_mb(m.pushed_bytes)} MB")
+              f"ran {m.rebuilt_units}/{m.total_units} steps, pulled {mb(m.pulled_bytes)} MB, "
+              f"pushed {mb(m.pushed_bytes)} MB")
     return m
 
 
@@ -307,8 +313,8 @@ def table(measurements: Sequence[FreshMeasurement]) -> str:
         runs = f" (median of {len(m.seconds)})" if len(m.seconds) > 1 else ""
         rows.append([m.label + runs, seconds(m.median_seconds), seconds(theirs.median_seconds),
                      f"{m.median_seconds / theirs.median_seconds:.2f}x",
-                     _mb(m.pulled_bytes), _mb(theirs.pulled_bytes),
-                     _mb(m.pushed_bytes), _mb(theirs.pushed_bytes),
+                     mb(m.pulled_bytes), mb(theirs.pulled_bytes),
+                     mb(m.pushed_bytes), mb(theirs.pushed_bytes),
                      f"{m.rebuilt_units}/{m.total_units} stages"
                      + (f": {', '.join(m.rebuilt)}" if 0 < m.rebuilt_units < m.total_units
                         else ""),
@@ -320,7 +326,7 @@ def table(measurements: Sequence[FreshMeasurement]) -> str:
         rows, right=(1, 2, 3, 4, 5, 6, 7))
 
 
-def _mb(values: Sequence[int]) -> str:
+def mb(values: Sequence[int]) -> str:
     if not values:
         return "-"
     ordered = sorted(values)

@@ -1,12 +1,14 @@
 """`make bench-real`: an EFA bump on the real efa-nccl image, imageforge against seed 000's
-linear Dockerfile, measured in one run.
+linear Dockerfile on a warm machine, and then on a fresh runner against BuildKit's registry
+cache (bench/realfresh.py), measured in one run.
 
 Both tools build manifests/real-efa-nccl.toml (real NCCL, nccl-tests, aws-ofi-nccl, CUDA 13.0,
 Debian's fabric libraries through the EFA installer stand-in) at EFA 1.22.0, then again at
 1.22.1. In seed 000's single chain the installer comes first, so the bump recompiles NCCL;
 imageforge rebuilds efa and what needs it (the plugin, nccl-tests, the image) and reuses NCCL.
 NCCL is built with ONLY_FUNCS="AllReduce Sum f32 * *" for both tools (`--full` builds the
-whole library: about 25 min a compile on 2 cores). Results: bench/results-real.json.
+whole library: about 25 min a compile on 2 cores). `--part warm` or `--part fresh` runs one
+part and keeps the other's last results. Results: bench/results-real.json.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
-from bench import cpu
+from bench import cpu, fresh, realfresh
 from bench.baseline import SEED_000_ORDER, baseline_dockerfile
 from bench.rawjson import layer_steps, parse_stream
 from imageforge.app import project
@@ -45,8 +48,10 @@ def say(text: str) -> None:
     print(f"bench-real: {text}", file=sys.stderr, flush=True)
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, bytes]:
-    """(wall seconds, busy CPU seconds, stderr) of a command that must succeed."""
+def timed(argv: list[str], env: dict[str, str] | None = None, *, stdout: bool = False
+          ) -> tuple[float, float, bytes]:
+    """(wall seconds, busy CPU seconds, stderr and stdout) of a command that must succeed;
+    with `stdout`, its stdout alone."""
     before = cpu.read_ticks()
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, check=False,
@@ -55,16 +60,21 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, fl
     if proc.returncode != 0:
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-15:]
         raise SystemExit(f"bench-real: {' '.join(argv[:4])} failed:\n" + "\n".join(tail))
-    return wall, cpu.busy_seconds(before, cpu.read_ticks()), proc.stderr + proc.stdout
+    return wall, cpu.busy_seconds(before, cpu.read_ticks()), \
+        proc.stdout if stdout else proc.stderr + proc.stdout
 
 
 class RealBench:
+    target = TARGET
+
     def __init__(self, work: Path, full: bool) -> None:
         self.work = work
         self.cache = work / "cache"
         self.manifest = work / "real-efa-nccl.toml"
         self.full = full
-        self.env = {**os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache)}
+
+    say = staticmethod(say)
+    timed = staticmethod(timed)
 
     def prepare(self, url: str) -> None:
         text = MANIFEST.read_text().replace(ADDRESS, url)
@@ -73,8 +83,29 @@ class RealBench:
         self.manifest.write_text(text)
         self.invoke("lock", "--manifest", str(self.manifest))
 
-    def invoke(self, *args: str) -> tuple[float, float, bytes]:
-        return timed([sys.executable, "-m", "invoke", "-r", str(ROOT), *args], self.env)
+    def invoke(self, *args: str, env: dict[str, str] | None = None, stdout: bool = False
+               ) -> tuple[float, float, bytes]:
+        # The environment of the moment: the fresh part points DOCKER_HOST at its engines.
+        return timed([sys.executable, "-m", "invoke", "-r", str(ROOT), *args],
+                     {**os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache),
+                      **(env or {})}, stdout=stdout)
+
+    def sources(self, efa: str) -> dict[str, str]:
+        """`invoke fetch` at EFA `efa`: each source of the target as a named-context path."""
+        _, _, fetched = self.invoke("fetch", "--manifest", str(self.manifest), "--target",
+                                    TARGET, "--set", f"stages.efa.version={efa}", stdout=True)
+        contexts = {}
+        for line in fetched.decode(errors="replace").splitlines():
+            name, _, path = line.strip().partition(" ")
+            if name.startswith("src-") and Path(path.strip()).is_dir():
+                contexts[name] = path.strip()
+        return contexts
+
+    @staticmethod
+    def secret_args() -> list[str]:
+        """The CA bundle `invoke build` hands its pip steps, so both tools reach PyPI alike."""
+        bundle = cabundle.resolve(None)
+        return ["--secret", f"id={CA_BUNDLE_SECRET},src={bundle}"] if bundle else []
 
     def imageforge(self, efa: str) -> dict[str, Any]:
         wall, busy, _ = self.invoke(
@@ -95,19 +126,11 @@ class RealBench:
         linear = baseline_dockerfile(planned, planned.registry, SEED_000_ORDER)
         dockerfile = self.work / f"baseline-{efa}.Dockerfile"
         dockerfile.write_text(linear.dockerfile)
-        _, _, fetched = self.invoke("fetch", "--manifest", str(self.manifest), "--target",
-                                    TARGET, "--set", overrides[0])
-        contexts = {}
-        for line in fetched.decode(errors="replace").splitlines():
-            name, _, path = line.strip().partition(" ")
-            if name.startswith("src-") and Path(path.strip()).is_dir():
-                contexts[name] = path.strip()
+        contexts = self.sources(efa)
         argv = ["docker", "buildx", "build", "--load", "--progress", "rawjson", "-f",
                 str(dockerfile), "-t", f"imageforge-bench/real-baseline:{efa}"]
         argv += [f"--build-context={n}={contexts[n]}" for n in linear.contexts]
-        bundle = cabundle.resolve(None)
-        if bundle:
-            argv += ["--secret", f"id={CA_BUNDLE_SECRET},src={bundle}"]
+        argv += self.secret_args()
         empty = self.work / "empty"
         empty.mkdir(exist_ok=True)
         wall, busy, stream = timed([*argv, str(empty)])
@@ -122,10 +145,18 @@ class RealBench:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="build the whole NCCL library")
+    parser.add_argument("--part", choices=("warm", "fresh"),
+                        help="run one part, keeping the other's last results")
     args = parser.parse_args()
     from sample.serve import start_server
 
-    with tempfile.TemporaryDirectory(prefix="imageforge-bench-real-", dir="/var/tmp") as tmp:
+    result: dict[str, Any] = json.loads(RESULTS.read_text()) \
+        if args.part and RESULTS.exists() else {}
+    result.update({"manifest": str(MANIFEST.relative_to(ROOT)),
+                   "nccl": "full" if args.full else f"ONLY_FUNCS={ONLY_FUNCS}",
+                   "bump": f"efa {EFA_FROM} -> {EFA_TO}"})
+    with tempfile.TemporaryDirectory(prefix="imageforge-bench-real-", dir="/var/tmp") as tmp, \
+            fresh.registry(Path(tmp), args.part != "warm") as reg:
         work = Path(tmp)
         upstream = work / "upstream"
         subprocess.run([str(ROOT / "scripts/cuda-base.sh")], check=True)
@@ -138,25 +169,46 @@ def main() -> int:
         try:
             bench = RealBench(work, args.full)
             bench.prepare(server.url.rstrip("/"))
-            result: dict[str, Any] = {"manifest": str(MANIFEST.relative_to(ROOT)),
-                                      "nccl": "full" if args.full else f"ONLY_FUNCS={ONLY_FUNCS}",
-                                      "bump": f"efa {EFA_FROM} -> {EFA_TO}"}
-            say(f"warm-up: both tools build EFA {EFA_FROM}")
-            result["imageforge_warm"] = bench.imageforge(EFA_FROM)
-            result["baseline_warm"] = bench.baseline(EFA_FROM)
-            say(f"the bump: EFA {EFA_TO}")
-            result["imageforge"] = bench.imageforge(EFA_TO)
-            result["baseline"] = bench.baseline(EFA_TO)
+            if args.part != "fresh":
+                result.update(_warm(bench))
+            if reg is not None:
+                # The manifest's base image: all a fresh runner's engine holds.
+                base = str(tomllib.loads(MANIFEST.read_text())["image"]["base"])
+                found = realfresh.run(bench, reg, base, EFA_FROM, EFA_TO, EXPECTED)
+                result["fresh"] = {"measurements": [m.to_json() for m in found],
+                                   "table": fresh.table(found),
+                                   "targets": [t.to_json() for t in fresh.targets(found)]}
         finally:
             server.stop()
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "fresh"}, indent=2))
+    if "fresh" in result:
+        print(result["fresh"]["table"])
+        for target in result["fresh"]["targets"]:
+            print(("pass " if target["passed"] else "MISS ") + target["name"] + ": "
+                  + target["measured"] + " (" + target["limit"] + ")")
+    faults = [] if result.get("rebuilt_as_predicted", True) else [
+        f"warm: imageforge rebuilt {result['imageforge']['rebuilt']}, the graph predicts "
+        f"{EXPECTED}"]
+    faults += [t["name"] + ": " + t["measured"] for t in result.get("fresh", {}).get("targets", [])
+               if not t.get("timing") and not t["passed"]]
+    for fault in faults:
+        say(fault)
+    return 1 if faults else 0
+
+
+def _warm(bench: RealBench) -> dict[str, Any]:
+    """Both tools on this host's engine: EFA_FROM (a warm-up), then the bump to EFA_TO."""
+    result: dict[str, Any] = {}
+    say(f"warm-up: both tools build EFA {EFA_FROM}")
+    result["imageforge_warm"] = bench.imageforge(EFA_FROM)
+    result["baseline_warm"] = bench.baseline(EFA_FROM)
+    say(f"the bump: EFA {EFA_TO}")
+    result["imageforge"] = bench.imageforge(EFA_TO)
+    result["baseline"] = bench.baseline(EFA_TO)
     result["ratio"] = round(result["imageforge"]["seconds"] / result["baseline"]["seconds"], 3)
     result["rebuilt_as_predicted"] = sorted(result["imageforge"]["rebuilt"]) == sorted(EXPECTED)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    if not result["rebuilt_as_predicted"]:
-        say(f"imageforge rebuilt {result['imageforge']['rebuilt']}, the graph predicts {EXPECTED}")
-        return 1
-    return 0
+    return result
 
 
 if __name__ == "__main__":

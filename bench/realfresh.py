@@ -1,0 +1,160 @@
+"""`make bench-real`'s fresh-runner part: the no-op and the EFA bump on the real efa-nccl image,
+imageforge --remote against BuildKit's registry cache, each build on an engine emptied as a CI
+runner starts. The setup is bench/fresh.py's: one real registry (htpasswd auth) on the host's
+engine on 127.0.0.1, each tool's series on a new engine holding only the CUDA base image,
+emptied before every timed build, and the registry's own network counters for the bytes.
+
+BuildKit builds imageforge's rendered Dockerfile of the target (`invoke render`) with
+`--cache-from type=registry,ref=.../buildkit-cache:base` and `--cache-to ...,mode=max`, as in
+the sample's fresh scenarios.
+
+The registry is filled first, on the host's engine: imageforge builds the image at the first
+EFA version with --remote and pushes every artifact it reused (`invoke cache.push`), and
+BuildKit builds the rendered Dockerfile with --cache-to. That is what each tool's cold build
+on a runner pushes. Those cold builds are not timed here: each is a real NCCL compile (about
+10 minutes on 2 cores), and the warm part of the benchmark times a cold build already.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench import fresh
+from bench.fresh import FRESH_BUILDKIT, FRESH_IMAGEFORGE, FreshMeasurement, Registry
+from bench.rawjson import layer_steps, parse_stream
+from bench.report import seconds
+
+if TYPE_CHECKING:
+    from bench.real import RealBench
+
+IMAGEFORGE_REPOSITORY = "imageforge-cache"
+BUILDKIT_CACHE = "buildkit-cache"
+
+
+def _traffic(reg: Registry, build: Callable[[], Any]) -> tuple[Any, int, int]:
+    """(what `build` returned, bytes pushed to the registry, bytes pulled from it)."""
+    before = reg.traffic()
+    found = build()
+    after = reg.traffic()
+    return found, after[0] - before[0], after[1] - before[1]
+
+
+def _imageforge_env(reg: Registry) -> dict[str, str]:
+    return {"IMAGEFORGE_REGISTRY_USER": fresh.REGISTRY_USER,
+            "IMAGEFORGE_REGISTRY_PASSWORD": reg.password}
+
+
+def _rendered(bench: RealBench, efa: str) -> tuple[Path, dict[str, str]]:
+    """The rendered Dockerfile of the target at EFA `efa`, and its sources as named contexts."""
+    overrides = ("--set", f"stages.efa.version={efa}")
+    _, _, out = bench.invoke("render", "--manifest", str(bench.manifest), "--target",
+                             bench.target, *overrides, stdout=True)
+    dockerfile = bench.work / "fresh" / f"rendered-{efa}.Dockerfile"
+    dockerfile.parent.mkdir(parents=True, exist_ok=True)
+    dockerfile.write_bytes(out)
+    return dockerfile, bench.sources(efa)
+
+
+def _buildkit(bench: RealBench, reg: Registry, efa: str, writes: str
+              ) -> tuple[float, float, list[Any]]:
+    """(wall seconds, busy CPU seconds, layer steps) of BuildKit's build at EFA `efa`."""
+    dockerfile, contexts = _rendered(bench, efa)
+    cache = f"{reg.address}/{BUILDKIT_CACHE}"
+    argv = ["docker", "buildx", "build", "--load", "--progress", "rawjson", "-f",
+            str(dockerfile), "--target", bench.target, "-t", f"imageforge-bench/real-fresh:{efa}",
+            "--cache-from", f"type=registry,ref={cache}:base",
+            "--cache-to", f"type=registry,ref={cache}:{writes},mode=max",
+            *bench.secret_args(),
+            *[f"--build-context={name}={path}" for name, path in sorted(contexts.items())]]
+    empty = bench.work / "empty"
+    empty.mkdir(exist_ok=True)
+    wall, busy, stream = bench.timed([*argv, str(empty)],
+                                     {**os.environ, "DOCKER_CONFIG": str(reg.config)})
+    return wall, busy, layer_steps(parse_stream(stream))
+
+
+def fill(bench: RealBench, reg: Registry, efa: str) -> None:
+    """Both tools' cache in the registry for the image at EFA `efa`, from the host's engine."""
+    remote = f"{reg.address}/{IMAGEFORGE_REPOSITORY}"
+    env = _imageforge_env(reg)
+    sets = ("--set", f"stages.efa.version={efa}")
+    bench.invoke("build", "--manifest", str(bench.manifest), "--target", bench.target,
+                 "--no-test", "--progress", "plain", "--remote", remote, *sets, env=env)
+    bench.invoke("cache.push", "--manifest", str(bench.manifest), "--target", bench.target,
+                 "--remote", remote, *sets, env=env)
+    _buildkit(bench, reg, efa, "base")
+
+
+def measure_imageforge(bench: RealBench, reg: Registry, keep: Sequence[str], scenario: str,
+                       label: str, efa: str, expected: list[str], repeats: int
+                       ) -> FreshMeasurement:
+    m = FreshMeasurement(tool=FRESH_IMAGEFORGE, scenario=scenario, label=label,
+                         expected=expected)
+    for _ in range(repeats):
+        fresh.empty_engine(bench.cache, keep, [bench.work / "xdg-cache"])
+        (wall, busy, _), pushed, pulled = _traffic(reg, lambda: bench.invoke(
+            "build", "--manifest", str(bench.manifest), "--target", bench.target, "--no-test",
+            "--progress", "plain", "--remote", f"{reg.address}/{IMAGEFORGE_REPOSITORY}",
+            "--set", f"stages.efa.version={efa}", env=_imageforge_env(reg)))
+        report: dict[str, Any] = json.loads(max(
+            (bench.cache / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime
+        ).read_text())
+        m.seconds.append(round(wall, 3))
+        m.cpu_seconds.append(round(busy, 3))
+        m.pushed_bytes.append(pushed)
+        m.pulled_bytes.append(pulled)
+        m.report_states = {s["name"]: s["state"] for s in report["stages"]}
+        m.phases = {k: float(v) for k, v in report.get("phases", {}).items()}
+        m.rebuilt = [name for name, state in m.report_states.items() if state == "built"]
+        m.rebuilt_units, m.total_units = len(m.rebuilt), len(m.report_states)
+    if not m.as_expected:
+        m.faults.append("rebuilt " + (", ".join(m.rebuilt) or "nothing") + ", the graph says "
+                        + (", ".join(m.expected) or "nothing"))
+        m.notes.append(m.faults[-1])
+    bench.say(f"fresh runner, imageforge {label}: {seconds(m.median_seconds)} s, rebuilt "
+              f"{', '.join(m.rebuilt) or 'nothing'}, pulled {fresh.mb(m.pulled_bytes)} MB, "
+              f"pushed {fresh.mb(m.pushed_bytes)} MB")
+    return m
+
+
+def measure_buildkit(bench: RealBench, reg: Registry, keep: Sequence[str], scenario: str,
+                     label: str, efa: str, repeats: int) -> FreshMeasurement:
+    m = FreshMeasurement(tool=FRESH_BUILDKIT, scenario=scenario, label=label, unit="layers")
+    writes = "base" if scenario == "no-op" else scenario
+    for _ in range(repeats):
+        fresh.empty_engine(bench.cache, keep, [bench.work / "xdg-cache"])
+        (wall, busy, steps), pushed, pulled = _traffic(
+            reg, lambda: _buildkit(bench, reg, efa, writes))
+        m.seconds.append(round(wall, 3))
+        m.cpu_seconds.append(round(busy, 3))
+        m.pushed_bytes.append(pushed)
+        m.pulled_bytes.append(pulled)
+        m.rebuilt_units = sum(1 for s in steps if s.rebuilt)
+        m.total_units = len(steps)
+    bench.say(f"fresh runner, BuildKit registry cache {label}: {seconds(m.median_seconds)} s, "
+              f"ran {m.rebuilt_units}/{m.total_units} steps, pulled {fresh.mb(m.pulled_bytes)} "
+              f"MB, pushed {fresh.mb(m.pushed_bytes)} MB")
+    return m
+
+
+def run(bench: RealBench, reg: Registry, base: str, efa_from: str, efa_to: str,
+        expected: list[str], repeats: int = 3) -> list[FreshMeasurement]:
+    """Fill the registry at `efa_from`, then each tool on an engine of its own: the no-op
+    (median of `repeats`) and the bump to `efa_to`."""
+    bench.say(f"fresh runner: filling the registry with both tools' cache at EFA {efa_from}")
+    fill(bench, reg, efa_from)
+    bump = f"efa {efa_from} → {efa_to}"
+    found: list[FreshMeasurement] = []
+    with fresh.new_engine(bench.work, "fresh-imageforge", [base]):
+        found.append(measure_imageforge(bench, reg, [base], "no-op", "no-op rebuild", efa_from,
+                                        [], repeats))
+        found.append(measure_imageforge(bench, reg, [base], "efa", bump, efa_to, expected, 1))
+    with fresh.new_engine(bench.work, "fresh-buildkit", [base]):
+        found.append(measure_buildkit(bench, reg, [base], "no-op", "no-op rebuild", efa_from,
+                                      repeats))
+        found.append(measure_buildkit(bench, reg, [base], "efa", bump, efa_to, 1))
+    return found
