@@ -12,6 +12,7 @@ them when it stops. Everything it made (containerd namespaces, bridge, mounts) g
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from imageforge.errors import FatalError
 
@@ -33,9 +35,15 @@ class EngineError(FatalError):
 class Engine:
     """`with Engine(dir) as engine:` a running dockerd; `engine.env` reaches it."""
 
-    def __init__(self, root: Path, *, label: str = "imageforge-bench") -> None:
+    def __init__(self, root: Path, *, label: str = "imageforge-bench",
+                 own_containerd: bool = False) -> None:
         run = uuid.uuid4().hex[:8]
         self.root = root
+        # A containerd of its own: an engine that shares the host's containerd (in its own
+        # namespaces) is handed any blob the host's engine holds by digest, without a byte
+        # moving (containerd's shared content policy), which no runner that starts empty has.
+        self.own_containerd = own_containerd
+        self.containerd: subprocess.Popen[bytes] | None = None
         self.name = f"{label}-{run}"
         self.socket = root / "docker.sock"
         self.bridge = f"ifbb{run}"
@@ -86,12 +94,14 @@ class Engine:
             _must(["iptables", "-t", table, "-I", chain, *rule, *tag])
             self.rules.append(["iptables", "-t", table, "-D", chain, *rule, *tag])
         log = (self.root / "dockerd.log").open("a")
+        containerd = self._start_containerd(log) if self.own_containerd \
+            else "/run/containerd/containerd.sock"
         self.process = subprocess.Popen(
             ["dockerd", "--host", f"unix://{self.socket}", "--data-root",
              str(self.root / "data"), "--exec-root", str(self.root / "exec"),
              "--pidfile", str(self.root / "docker.pid"),
              "--config-file", str(self.root / "daemon.json"),
-             "--containerd", "/run/containerd/containerd.sock",
+             "--containerd", containerd,
              "--containerd-namespace", self.name,
              "--containerd-plugins-namespace", f"{self.name}-plugins",
              "--bridge", self.bridge, "--iptables=false", "--ip6tables=false"],
@@ -102,6 +112,27 @@ class Engine:
                 tail = (self.root / "dockerd.log").read_text()[-1500:]
                 raise EngineError(f"the benchmark's dockerd did not start:\n{tail}")
             time.sleep(0.3)
+
+    def _start_containerd(self, log: IO[str]) -> str:
+        """A containerd with its own root, state and socket; returns its socket."""
+        base = self.root / "containerd"
+        socket = base / "containerd.sock"
+        config = self.root / "containerd.toml"
+        config.write_text(f'version = 2\nroot = "{base}/root"\nstate = "{base}/state"\n'
+                          'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+                          f'[grpc]\n  address = "{socket}"\n'
+                          f'[ttrpc]\n  address = "{socket}.ttrpc"\n')
+        self.containerd = subprocess.Popen(["containerd", "--config", str(config)],
+                                           stdout=subprocess.DEVNULL, stderr=log,
+                                           start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while subprocess.run(["ctr", "--address", str(socket), "version"], capture_output=True,
+                             check=False).returncode != 0:
+            if self.containerd.poll() is not None or time.monotonic() > deadline:
+                raise EngineError("the benchmark's containerd did not start:\n"
+                                  + (self.root / "dockerd.log").read_text()[-1500:])
+            time.sleep(0.2)
+        return str(socket)
 
     def load(self, images: Sequence[str]) -> None:
         """Copy images from the host's engine (the benchmark's base images) into this one."""
@@ -127,13 +158,24 @@ class Engine:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=30)
+        if self.containerd is not None and self.containerd.poll() is None:
+            self.containerd.send_signal(signal.SIGTERM)
+            try:
+                self.containerd.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.containerd.kill()
+                self.containerd.wait(timeout=30)
         for target in sorted(self._mounts(), reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
         for rule in self.rules:
             subprocess.run(rule, capture_output=True, check=False)
         self.rules = []
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
-        self._forget()
+        if self.own_containerd:
+            # Its images and snapshots go with its root, now, not when the run ends.
+            shutil.rmtree(self.root / "containerd", ignore_errors=True)
+        else:
+            self._forget()
 
     def _mounts(self) -> list[str]:
         return mounts_under(self.root)
@@ -143,12 +185,12 @@ class Engine:
 
 
 @contextmanager
-def serving(root: Path, images: Sequence[str], *, label: str = "imageforge-bench"
-            ) -> Iterator[Engine]:
+def serving(root: Path, images: Sequence[str], *, label: str = "imageforge-bench",
+            own_containerd: bool = False) -> Iterator[Engine]:
     """A new engine at `root` with `images` copied in from the current one, and every docker
     command of the block (this process's and its children's) on it, through DOCKER_HOST."""
     before = os.environ.get("DOCKER_HOST")
-    with Engine(root, label=label) as engine:
+    with Engine(root, label=label, own_containerd=own_containerd) as engine:
         engine.load(images)
         os.environ.update(engine.env)
         try:

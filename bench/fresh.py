@@ -247,12 +247,13 @@ def measure_buildkit(bench: Bench, reg: Registry, keep: Sequence[str], scenario:
 
 @contextmanager
 def new_engine(work: Path, name: str, images: Sequence[str]) -> Iterator[None]:
-    """A Docker engine never used before, with `images` copied in from the current one, for
-    one tool's series. Emptying an engine is not enough after another tool used it: once a
+    """A Docker engine never used before, on a containerd of its own (bench/engine.py says
+    why), with `images` copied in from the current one, for one tool's series. Emptying an
+    engine is not enough after another tool used it: once a
     plain `buildx build --load` of the same steps (with buildx's default provenance) had run
     there, imageforge's next builds failed reading their artifacts ("no processor for
     media-type application/vnd.in-toto+json"), which no runner that starts empty meets."""
-    with serving(work / name, images, label=f"imageforge-bench-{name}"):
+    with serving(work / name, images, label=f"imageforge-bench-{name}", own_containerd=True):
         yield
 
 

@@ -17,8 +17,11 @@ from imageforge.planning.render import render_dockerfile
 FINAL = "imageforge-image"
 # Images that stay in this engine's store, and OCI-layout artifacts in the cache directory,
 # are written with uncompressed layers: compressing a layer costs seconds per gigabyte (with
-# rewrite-timestamp, once more to rewrite it), and nothing reads them through a network. A
-# push (type=registry) compresses as usual.
+# rewrite-timestamp, once more to rewrite it). Pushing an artifact to the remote cache moves
+# these blobs as they are (BuildKit compresses only new layers): forcing gzip or zstd there
+# made a push of the sample's smddp image (1.6 GB) take 19 s instead of 5 s (beside another
+# build), since a whole-image artifact carries the base image's layers and a fresh runner has
+# no compressed copy of them. The image itself, under --push, is compressed as usual.
 UNCOMPRESSED = "compression=uncompressed"
 LOCAL_IMAGE = f"type=docker,{UNCOMPRESSED}"
 ARTIFACT_PREFIX = "imageforge-artifact-"
