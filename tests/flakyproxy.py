@@ -1,8 +1,9 @@
 """A real HTTP proxy on 127.0.0.1 in front of a registry that fails on cue.
 
-It passes requests through until `trigger` has matched `after` requests, then answers the
-next `errors` requests with 500 Internal Server Error, then closes its sockets: the registry
-"goes down" in the middle of whatever the client was doing.
+It passes requests through until the registry has answered `after` requests that match
+`trigger` with success (a 401 asking for credentials does not count), then answers the next
+`errors` requests with 500 Internal Server Error, then closes its sockets: the registry "goes
+down" in the middle of whatever the client was doing.
 
     with FlakyProxy("127.0.0.1:5000", trigger=blob_upload, after=1, errors=3) as proxy:
         push_to(f"{proxy.address}/cache")
@@ -20,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-Trigger = Callable[[str, str], bool]  # (method, path) -> counts towards `after`
+Trigger = Callable[[str, str], bool]  # (method, path) -> counts towards `after` once answered
 
 # Headers about one connection, not the message: never forwarded.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
@@ -32,9 +33,9 @@ def blob_upload(method: str, path: str) -> bool:
     return method in ("PUT", "PATCH", "POST") and "/blobs/uploads/" in path
 
 
-def blob_download(method: str, path: str) -> bool:
-    """A pull fetching layer or config bytes."""
-    return method == "GET" and "/blobs/sha256:" in path
+def manifest_request(method: str, path: str) -> bool:
+    """A question about a manifest (HEAD) or a pull reading one (GET)."""
+    return method in ("HEAD", "GET") and "/manifests/" in path
 
 
 class FlakyProxy:
@@ -77,7 +78,7 @@ class FlakyProxy:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def decide(self, method: str, path: str) -> str:
+    def decide(self) -> str:
         """"pass", "fail" (answer 500) or "drop" (close the connection unanswered)."""
         with self.lock:
             if self.down.is_set():
@@ -88,9 +89,13 @@ class FlakyProxy:
                     return "drop"
                 self.failed += 1
                 return "fail"
-            if self.trigger(method, path):
-                self.matched += 1
             return "pass"
+
+    def answered(self, method: str, path: str, status: int) -> None:
+        with self.lock:
+            self.log.append((method, path, status))
+            if status < 400 and self.trigger(method, path):
+                self.matched += 1
 
 
 class _Server(ThreadingHTTPServer):
@@ -125,7 +130,7 @@ def _handler_for(proxy: FlakyProxy) -> type[BaseHTTPRequestHandler]:
 
         def _handle(self) -> None:
             body = self._read_body()
-            decision = proxy.decide(self.command, self.path)
+            decision = proxy.decide()
             if decision == "drop":
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
@@ -186,8 +191,7 @@ def _handler_for(proxy: FlakyProxy) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(payload)
-                with proxy.lock:
-                    proxy.log.append((self.command, self.path, response.status))
+                proxy.answered(self.command, self.path, response.status)
             finally:
                 upstream.close()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cache_consistency import assert_cache_consistent
-from tests.flakyproxy import FlakyProxy, Trigger, blob_download, blob_upload
+from tests.flakyproxy import FlakyProxy, Trigger, blob_upload, manifest_request
 from tests.integration.conftest import (
     SecondDockerd,
     assert_engine_clean,
@@ -95,9 +95,12 @@ def test_cache_pull_from_a_registry_failing_midway_exits_9_then_pulls(
     builders = dockerd2.builders()
     cache = tmp_path / "cache"
     pull = ("cache.pull", "--target", "nccl", "--manifest", str(sample_manifest))
-    with flaky(registry, blob_download) as proxy:
+    # The registry answers that it holds the artifact, then fails the pull that follows. The
+    # engine pushed the artifact and holds every blob, so BuildKit's pull asks only about the
+    # manifest: counted on blob downloads, the proxy would let the whole pull through.
+    with flaky(registry, manifest_request) as proxy:
         code, _, last = run(dockerd2, cache, *pull, "--remote", f"{proxy.address}/{remote}")
-        assert code == 9, last
+        assert code == 9, (last, proxy.log)
         assert last.startswith(f"imageforge: error: could not pull artifacts from "
                                f"{proxy.address}/"), last
         assert proxy.failed > 0
