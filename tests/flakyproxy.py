@@ -92,6 +92,7 @@ class FlakyProxy:
             return "pass"
 
     def answered(self, method: str, path: str, status: int) -> None:
+        """Log an answer, from the registry or injected; a success may count towards `after`."""
         with self.lock:
             self.log.append((method, path, status))
             if status < 400 and self.trigger(method, path):
@@ -162,8 +163,7 @@ def _handler_for(proxy: FlakyProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(text)
-            with proxy.lock:
-                proxy.log.append((self.command, self.path, 500))
+            proxy.answered(self.command, self.path, 500)
 
         def _forward(self, body: bytes) -> None:
             upstream = http.client.HTTPConnection(proxy.upstream, timeout=120)
