@@ -21,6 +21,7 @@ from typing import Any
 from imageforge import cachedir, jsonfile, log
 from imageforge.app import bakes, dryrun, project
 from imageforge.app.export import exported_stages
+from imageforge.app.pushed import registry_image
 from imageforge.app.workspace import Workspace
 from imageforge.buildkit import bake, cachemounts
 from imageforge.buildkit.bake import builder_args
@@ -96,20 +97,20 @@ def _build(ws: Workspace, options: BuildOptions, store: ArtifactStore,
             and store.verify(planned.stage(name).key) is None]
     if gone:
         planned = project.with_statuses(planned, store, remote)
-    if (not options.builder and not options.push
-            and not to_build(planned, also)):
+    if not to_build(planned, also):
         clock.lap("plan")
-        unchanged = _unchanged(ws, planned, store, options.tag or default_tag(planned),
-                               clock)
+        unchanged = None
+        if options.push and options.tag:
+            unchanged = _pushed(ws, options, options.tag, planned, store, env, clock)
+        elif not options.builder and not options.push:
+            unchanged = _unchanged(ws, planned, store, options.tag or default_tag(planned),
+                                   clock)
         if unchanged is not None:
             return unchanged
     # buildx itself is not asked first (a docker CLI run): a bake without it fails, and
     # bakefail says so (exit 6).
     ensure_ready(options.builder, buildx=bool(options.builder))
-    engine = builder_args(options.builder)
-    if engine[0] == "--context" or not options.builder:
-        # A docker-container builder has no image store of its own to compare with.
-        extended.require_same_image(planned.manifest, engine[1] if options.builder else None)
+    _require_base(options.builder, planned)
     for _ in range(5):
         building = to_build(planned, also)
         using = reused(planned, building)
@@ -152,6 +153,28 @@ def _unchanged(ws: Workspace, planned: Plan, store: ArtifactStore, tag: str,
     target = planned.stage(planned.target)
     if target.status == "cached" and store.verify(target.key) is None:
         return None
+    result = _nothing_built(ws, planned, store, tag, image_id, clock)
+    return dataclasses.replace(result, uptodate=_uptodate(ws, planned, store, result))
+
+
+def _pushed(ws: Workspace, options: BuildOptions, tag: str, planned: Plan,
+            store: ArtifactStore, env: Mapping[str, str], clock: Clock) -> BuildResult | None:
+    """A --push build with nothing to build whose tag the registry already holds as this
+    plan's image, every label equal (app/pushed.py): nothing is loaded, made or pushed. None
+    when the registry holds another image, none, or cannot be asked."""
+    wanted = image_metadata(planned, project.current_lock(ws), options.revision)
+    digest = registry_image(tag, str(planned.manifest.image["platform"]), wanted, env)
+    if digest is None:
+        return None
+    # A local base image replaced since the lock still stops the build, as it would the bake.
+    _require_base(options.builder, planned)
+    log.note(f"{tag} in the registry is already this build's image ({digest}); nothing "
+             "built, loaded or pushed.")
+    return _nothing_built(ws, planned, store, tag, digest, clock)
+
+
+def _nothing_built(ws: Workspace, planned: Plan, store: ArtifactStore, tag: str,
+                   image: str, clock: Clock) -> BuildResult:
     for stage in planned.stages:
         if stage.status == "cached":
             store.touch(stage.key)
@@ -160,9 +183,16 @@ def _unchanged(ws: Workspace, planned: Plan, store: ArtifactStore, tag: str,
                                 seconds=0.0) for s in planned.stages)
     clock.lap("check")
     result = BuildResult(target=planned.target, tag=tag, stages=results, seconds=0.0,
-                         report=None, image_digest=image_id, phases=clock.phases)
-    return dataclasses.replace(result, report=write_report(ws.cache_dir, planned, result),
-                               uptodate=_uptodate(ws, planned, store, result))
+                         report=None, image_digest=image, phases=clock.phases)
+    return dataclasses.replace(result, report=write_report(ws.cache_dir, planned, result))
+
+
+def _require_base(builder: str | None, planned: Plan) -> None:
+    """Refuse a local base image replaced since the lock, on the engine that builds. A
+    docker-container builder has no image store of its own to compare with."""
+    engine = builder_args(builder)
+    if engine[0] == "--context" or not builder:
+        extended.require_same_image(planned.manifest, engine[1] if builder else None)
 
 
 def _uptodate(ws: Workspace, planned: Plan, store: ArtifactStore,

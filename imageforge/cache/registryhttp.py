@@ -12,6 +12,7 @@ Unsupported and the caller asks docker, whose answer and errors stay the referen
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import ssl
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -34,6 +36,8 @@ ACCEPT = ", ".join([
 ])
 _LOOPBACK = re.compile(r"(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?")
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+# Manifests and image configs are small; a registry sending more is not answering the question.
+MAX_DOCUMENT = 4 * 1024 * 1024
 
 
 class Unsupported(Exception):
@@ -70,23 +74,79 @@ class Client:
 
     def manifest_digest(self, name: str, tag: str, *, timeout: float) -> str | None:
         """The digest the registry serves for `name:tag`; None when it has no such tag."""
-        url = f"/v2/{name}/manifests/{tag}"
-        response = self._request(url, name, timeout)
+        response = self._answer(f"/v2/{name}/manifests/{tag}", name, timeout, method="HEAD")
+        if response is None:
+            return None
+        digest = response.headers.get("Docker-Content-Digest", "")
+        if not digest.startswith("sha256:"):
+            raise Unsupported("an answer without a digest")
+        return digest
+
+    def image_config(self, name: str, tag: str, *, platform: str, timeout: float
+                     ) -> tuple[str, dict[str, Any]] | None:
+        """The digest the registry serves for `name:tag` and the config of its image for
+        `platform` (os/architecture[/variant]: an index's entry for it, its attestations
+        skipped); None when it
+        has no such tag. A document that does not match its digest, is too large or is not
+        an image raises Unsupported: it proves nothing about the image."""
+        digest, document = self._manifest(name, tag, timeout)
+        if document is None:
+            return None
+        if "manifests" in document:
+            chosen = [entry for entry in _list(document, "manifests")
+                      if isinstance(entry, dict) and _platform(entry) == platform]
+            if len(chosen) != 1 or not isinstance(chosen[0].get("digest"), str):
+                raise Unsupported(f"{len(chosen)} {platform} images in {name}:{tag}'s index")
+            _, document = self._manifest(name, chosen[0]["digest"], timeout)
+            if document is None:
+                raise Unsupported(f"{name}:{tag}'s index names a manifest the registry lacks")
+        config = document.get("config")
+        if not isinstance(config, dict) or not isinstance(config.get("digest"), str):
+            raise Unsupported(f"{name}:{tag} is not an image manifest")
+        body = self._document(f"/v2/{name}/blobs/{config['digest']}", name, timeout,
+                              config["digest"])
+        if body is None:
+            raise Unsupported(f"{name}:{tag}'s config blob is missing")
+        return digest, _object(body)
+
+    def _manifest(self, name: str, reference: str, timeout: float
+                  ) -> tuple[str, dict[str, Any] | None]:
+        expected = reference if reference.startswith("sha256:") else None
+        path = f"/v2/{name}/manifests/{reference}"
+        response = self._answer(path, name, timeout, method="GET")
+        if response is None:
+            return "", None
+        # A tag's answer is checked against the digest the registry says it serves, where it
+        # says one; a digest's answer against that digest.
+        digest = expected or response.headers.get("Docker-Content-Digest") or None
+        body = _read_checked(response, digest)
+        return digest or "sha256:" + hashlib.sha256(body).hexdigest(), _object(body)
+
+    def _document(self, path: str, name: str, timeout: float, digest: str) -> bytes | None:
+        response = self._answer(path, name, timeout, method="GET")
+        return None if response is None else _read_checked(response, digest)
+
+    def _answer(self, path: str, name: str, timeout: float, *, method: str
+                ) -> requests.Response | None:
+        """The registry's successful answer to `method path`, after its challenge if it
+        sends one; None for 404."""
+        response = self._request(path, name, timeout, method=method)
         if response.status_code == 401:
-            response = self._request(url, name, timeout, challenge=response)
+            response.close()
+            response = self._request(path, name, timeout, challenge=response, method=method)
         if response.status_code in (401, 403):
             raise Refused(f"{response.status_code} {response.reason}")
         if response.status_code == 404:
             return None
         if response.status_code >= 500 or response.status_code == 429:
             raise Unavailable(f"{response.status_code} {response.reason}".lower())
-        digest = response.headers.get("Docker-Content-Digest", "")
-        if response.status_code != 200 or not digest.startswith("sha256:"):
-            raise Unsupported(f"answer {response.status_code} without a digest")
-        return digest
+        if response.status_code != 200:
+            raise Unsupported(f"answer {response.status_code}")
+        return response
 
     def _request(self, path: str, name: str, timeout: float, *,
-                 challenge: requests.Response | None = None) -> requests.Response:
+                 challenge: requests.Response | None = None,
+                 method: str = "HEAD") -> requests.Response:
         headers = {"Accept": ACCEPT}
         if challenge is not None:
             headers["Authorization"] = self._authorization(challenge, name, timeout)
@@ -94,8 +154,9 @@ class Client:
             headers["Authorization"] = self._basic or self._tokens[name]
         for scheme in self._schemes():
             try:
-                response = self._session.head(f"{scheme}://{self.host}{path}", headers=headers,
-                                              timeout=timeout, allow_redirects=True)
+                response = self._session.request(
+                    method, f"{scheme}://{self.host}{path}", headers=headers,
+                    timeout=timeout, allow_redirects=True, stream=method != "HEAD")
             except requests.exceptions.Timeout:
                 raise Unavailable(f"{self.host} did not answer within {timeout:g} s") from None
             except (requests.exceptions.SSLError, requests.exceptions.ConnectionError) as error:
@@ -209,3 +270,44 @@ def _from_helper(helper: str, host: str, env: Mapping[str, str]) -> tuple[str, s
     if user == "<token>":
         raise Unsupported("an identity token")
     return user, secret
+
+
+def _read_checked(response: requests.Response, digest: str | None) -> bytes:
+    """The body of `response`, at most MAX_DOCUMENT bytes, whose sha256 is `digest` (any
+    body when None)."""
+    body = bytearray()
+    try:
+        for chunk in response.iter_content(65536):
+            body += chunk
+            if len(body) > MAX_DOCUMENT:
+                raise Unsupported(f"a document over {MAX_DOCUMENT} bytes")
+    except requests.RequestException as error:
+        raise Unavailable(f"the answer broke off: {error}") from None
+    finally:
+        response.close()
+    if digest is not None and digest != "sha256:" + hashlib.sha256(body).hexdigest():
+        raise Unsupported(f"a document that is not {digest}")
+    return bytes(body)
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise Unsupported("a document that is not JSON") from None
+    if not isinstance(document, dict):
+        raise Unsupported("a document that is not a JSON object")
+    return document
+
+
+def _list(document: dict[str, Any], key: str) -> list[Any]:
+    value = document.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _platform(entry: dict[str, Any]) -> str:
+    found = entry.get("platform")
+    if not isinstance(found, dict):
+        return ""
+    parts = [found.get("os"), found.get("architecture"), found.get("variant")]
+    return "/".join(str(part) for part in parts if part)
