@@ -317,8 +317,10 @@ class Bench:
     # -- imageforge
 
     def imageforge_build(self, scenario: str, overrides: Sequence[str] = (), *,
-                         remote: str | None = None, env: Mapping[str, str] | None = None
-                         ) -> tuple[Timed, dict[str, Any]]:
+                         remote: str | None = None, env: Mapping[str, str] | None = None,
+                         push: str | None = None) -> tuple[Timed, dict[str, Any]]:
+        """`push`: a registry tag to build and push the image as (`--push`) instead of
+        loading it into the engine under the bench's own tag."""
         reports = self.cache / "reports"
         seen = set(reports.glob("*.json")) if reports.exists() else set()
         sets = [arg for o in overrides for arg in ("--set", o)]
@@ -326,8 +328,8 @@ class Bench:
         # record (imageforge/uptodate.py), kept in the work directory.
         argv = [str(Path(sys.executable).with_name("imageforge")), "build", "--manifest",
                 str(self.manifest), "--target", TARGET, "--no-test", "--progress", "plain",
-                "--tag", self.tag(IMAGEFORGE, scenario), *sets,
-                *(["--remote", remote] if remote else [])]
+                "--tag", push or self.tag(IMAGEFORGE, scenario), *sets,
+                *(["--remote", remote] if remote else []), *(["--push"] if push else [])]
         timed = self.timed(f"invoke build ({scenario})", argv, {
             **os.environ, "INVOKE_IMAGEFORGE_CACHE_DIR": str(self.cache),
             "XDG_CACHE_HOME": str(self.work / "xdg-cache"), **(env or {})})
@@ -366,8 +368,11 @@ class Bench:
 
     def buildx(self, what: str, dockerfile: Path, contexts: Mapping[str, str], tag: str,
                target: str | None = None, *, extra: Sequence[str] = (),
-               env: Mapping[str, str] | None = None) -> tuple[Timed, list[Any]]:
-        argv = ["docker", "buildx", "build", "--load", "--progress", "rawjson",
+               env: Mapping[str, str] | None = None, push: bool = False
+               ) -> tuple[Timed, list[Any]]:
+        """`push`: push the image as `tag` (a registry's) instead of loading it."""
+        argv = ["docker", "buildx", "build", "--push" if push else "--load",
+                "--progress", "rawjson",
                 "-f", str(dockerfile), "-t", tag]
         if target:
             argv += ["--target", target]
