@@ -60,13 +60,15 @@ def _rendered(bench: RealBench, efa: str) -> tuple[Path, dict[str, str]]:
     return dockerfile, bench.sources(efa)
 
 
-def _buildkit(bench: RealBench, reg: Registry, efa: str, writes: str
+def _buildkit(bench: RealBench, reg: Registry, efa: str, writes: str, push: bool
               ) -> tuple[float, float, list[Any]]:
-    """(wall seconds, busy CPU seconds, layer steps) of BuildKit's build at EFA `efa`."""
+    """(wall seconds, busy CPU seconds, layer steps) of BuildKit's build at EFA `efa`;
+    `push`: pushed to the registry instead of loaded."""
     dockerfile, contexts = _rendered(bench, efa)
     cache = f"{reg.address}/{BUILDKIT_CACHE}"
-    argv = ["docker", "buildx", "build", "--load", "--progress", "rawjson", "-f",
-            str(dockerfile), "--target", bench.target, "-t", f"imageforge-bench/real-fresh:{efa}",
+    tag = f"{reg.address}/real-buildkit:fresh" if push else f"imageforge-bench/real-fresh:{efa}"
+    argv = ["docker", "buildx", "build", "--push" if push else "--load", "--progress",
+            "rawjson", "-f", str(dockerfile), "--target", bench.target, "-t", tag,
             "--cache-from", f"type=registry,ref={cache}:base",
             "--cache-to", f"type=registry,ref={cache}:{writes},mode=max",
             *bench.secret_args(),
@@ -79,16 +81,21 @@ def _buildkit(bench: RealBench, reg: Registry, efa: str, writes: str
 
 
 def measure_imageforge(bench: RealBench, reg: Registry, keep: Sequence[str], scenario: str,
-                       label: str, efa: str, expected: list[str], repeats: int
-                       ) -> FreshMeasurement:
+                       label: str, efa: str, expected: list[str], repeats: int,
+                       push: bool = False) -> FreshMeasurement:
+    """`push`: each build pushes the image instead of loading it, after one unmeasured build
+    that pushes it first (bench/fresh.py's no-op-push)."""
     m = FreshMeasurement(tool=FRESH_IMAGEFORGE, scenario=scenario, label=label,
                          expected=expected)
-    for _ in range(repeats):
+    pushing = ["--push", "--tag", f"{reg.address}/real-imageforge:fresh"] if push else []
+    for run_number in range(repeats + push):
         fresh.empty_engine(bench.cache, keep, [bench.work / "xdg-cache"])
         (wall, busy, _), pushed, pulled = _traffic(reg, lambda: bench.invoke(
             "build", "--manifest", str(bench.manifest), "--target", bench.target, "--no-test",
             "--progress", "plain", "--remote", f"{reg.address}/{IMAGEFORGE_REPOSITORY}",
-            "--set", f"stages.efa.version={efa}", env=_imageforge_env(reg)))
+            "--set", f"stages.efa.version={efa}", *pushing, env=_imageforge_env(reg)))
+        if push and run_number == 0:
+            continue
         report: dict[str, Any] = json.loads(max(
             (bench.cache / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime
         ).read_text())
@@ -111,13 +118,17 @@ def measure_imageforge(bench: RealBench, reg: Registry, keep: Sequence[str], sce
 
 
 def measure_buildkit(bench: RealBench, reg: Registry, keep: Sequence[str], scenario: str,
-                     label: str, efa: str, repeats: int) -> FreshMeasurement:
+                     label: str, efa: str, repeats: int, push: bool = False
+                     ) -> FreshMeasurement:
+    """`push`: as measure_imageforge's."""
     m = FreshMeasurement(tool=FRESH_BUILDKIT, scenario=scenario, label=label, unit="layers")
-    writes = "base" if scenario in ("cold", "no-op") else scenario
-    for _ in range(repeats):
+    writes = "base" if scenario in ("cold", "no-op", "no-op-push") else scenario
+    for run_number in range(repeats + push):
         fresh.empty_engine(bench.cache, keep, [bench.work / "xdg-cache"])
         (wall, busy, steps), pushed, pulled = _traffic(
-            reg, lambda: _buildkit(bench, reg, efa, writes))
+            reg, lambda: _buildkit(bench, reg, efa, writes, push))
+        if push and run_number == 0:
+            continue
         m.seconds.append(round(wall, 3))
         m.cpu_seconds.append(round(busy, 3))
         m.pushed_bytes.append(pushed)
@@ -133,8 +144,8 @@ def measure_buildkit(bench: RealBench, reg: Registry, keep: Sequence[str], scena
 def run(bench: RealBench, reg: Registry, base: str, efa_from: str, efa_to: str,
         expected: list[str], repeats: int = 3) -> list[FreshMeasurement]:
     """Each tool on an engine of its own, from an empty registry: the cold build at
-    `efa_from` (what fills the registry), the no-op (median of `repeats`) and the bump to
-    `efa_to`."""
+    `efa_from` (what fills the registry), the no-op (median of `repeats`), loading the image
+    and pushing it, and the bump to `efa_to`."""
     bump = f"efa {efa_from} → {efa_to}"
     cold = [*expected[:1], "nccl", *expected[1:]]
     found: list[FreshMeasurement] = []
@@ -144,11 +155,15 @@ def run(bench: RealBench, reg: Registry, base: str, efa_from: str, efa_to: str,
                                         cold, 1))
         found.append(measure_imageforge(bench, reg, [base], "no-op", "no-op rebuild", efa_from,
                                         [], repeats))
+        found.append(measure_imageforge(bench, reg, [base], "no-op-push", fresh.NOOP_PUSH,
+                                        efa_from, [], repeats, push=True))
         found.append(measure_imageforge(bench, reg, [base], "efa", bump, efa_to, expected, 1))
     reg.fresh()
     with fresh.new_engine(bench.work, "fresh-buildkit", [base]):
         found.append(measure_buildkit(bench, reg, [base], "cold", "cold build", efa_from, 1))
         found.append(measure_buildkit(bench, reg, [base], "no-op", "no-op rebuild", efa_from,
                                       repeats))
+        found.append(measure_buildkit(bench, reg, [base], "no-op-push", fresh.NOOP_PUSH,
+                                      efa_from, repeats, push=True))
         found.append(measure_buildkit(bench, reg, [base], "efa", bump, efa_to, 1))
     return found
