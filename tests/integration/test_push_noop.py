@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from imageforge.cache import registryhttp, remote
-from imageforge.planning.labels import LABEL_PREFIX
+from imageforge.docker import LABEL_PREFIX
 from tests.flakyproxy import FlakyProxy
 from tests.integration.conftest import REGISTRY_PASSWORD, REGISTRY_USER, invoke, registry_env
 
