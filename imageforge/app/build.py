@@ -268,9 +268,10 @@ def _execute(ws: Workspace, options: BuildOptions, store: ArtifactStore,
             parts = waves(planned, building) or [[]]
             for number, wave in enumerate(parts):
                 later = {n for part in parts[number + 1:] for n in part}
+                last = number == len(parts) - 1
                 metadata = _bake_wave(ws, options, store, planned, wave, contexts, env,
                                       clock, progress, scratch / f"bake-{number}",
-                                      tag=None if later else tag, later=later)
+                                      tag=tag if last else None, later=later)
                 # The next bakes read what this one stored, as every later build will.
                 for name in wave:
                     entry = store.get(planned.stage(name).key)

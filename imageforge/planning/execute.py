@@ -112,12 +112,19 @@ def waves(plan: Plan, building: list[str]) -> list[list[str]]:
     same contexts every later build gives it. Its gathering steps (FROM, COPY --from) then
     have the same BuildKit cache keys in a cold build as in the one that changes only its
     own pin, and BuildKit re-runs only what that pin changed. Everything else builds in one
-    bake, where BuildKit runs independent stages side by side."""
+    bake, where BuildKit runs independent stages side by side.
+
+    A target that is not an image stage is tagged as its artifact, its exports on scratch:
+    when this run builds it, a last bake with no stage makes the image from the artifact just
+    stored, so that building the stage and reading it from the cache give one image."""
     wave: dict[str, int] = {}
     for name in building:
         reads = [wave[d] for d in read_by(plan, [name]) if d in wave]
         wave[name] = max(reads, default=0) + (1 if reads and plan.registry[name].image else 0)
-    return [[n for n in building if wave[n] == w] for w in sorted(set(wave.values()))]
+    parts = [[n for n in building if wave[n] == w] for w in sorted(set(wave.values()))]
+    if plan.target in building and plan.target not in full_artifact_stages(plan.registry):
+        parts.append([])
+    return parts
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

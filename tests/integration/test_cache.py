@@ -8,8 +8,10 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +105,43 @@ def test_unreachable_registry_degrades_to_local_with_a_warning(sample_manifest: 
     assert result.returncode == 0, result.stderr
     assert "remote cache 127.0.0.1:9/nowhere is unreachable" in result.stderr
     assert last_report(tmp_path, "nccl")["nccl"] == "built"
+
+
+def platform_manifest(tag: str, scratch: Path) -> str:
+    """The digest of `tag`'s linux manifest (config and layers). Not the engine's image ID:
+    that is the index, which also holds the build's provenance, new in every build."""
+    saved = scratch / f"{uuid.uuid4().hex}.tar"
+    subprocess.run(["docker", "save", "-o", str(saved), tag], check=True, capture_output=True)
+    with tarfile.open(saved) as tar:
+        def blob(digest: str) -> dict[str, Any]:
+            handle = tar.extractfile(f"blobs/sha256/{digest.split(':', 1)[1]}")
+            assert handle is not None
+            return dict(json.load(handle))
+        top = tar.extractfile("index.json")
+        assert top is not None
+        digest = str(json.load(top)["manifests"][0]["digest"])
+        while "manifests" in (document := blob(digest)):
+            digest = next(str(m["digest"]) for m in document["manifests"]
+                          if m.get("platform", {}).get("os") == "linux")
+    return digest
+
+
+def test_a_stage_target_is_one_image_built_or_read_from_the_cache(sample_manifest: Path,
+                                                                  tmp_path: Path) -> None:
+    # A target that is not an image stage is tagged as its artifact (its exports on scratch):
+    # the build that makes nccl once tagged the whole build stage (base and compilers), and
+    # one that read nccl from the cache tagged its exports.
+    tags = [f"imageforge-test/nccl:{RUN}-{how}" for how in ("built", "cached")]
+    for tag in tags:
+        result = invoke("build", "--target", "nccl", "--manifest", str(sample_manifest),
+                        "--progress", "plain", "--no-test", "--tag", tag,
+                        cache=tmp_path / "cache")
+        assert result.returncode == 0, result.stderr[-4000:]
+    assert last_report(tmp_path / "cache", "nccl")["nccl"] == "cached"
+    try:
+        assert platform_manifest(tags[0], tmp_path) == platform_manifest(tags[1], tmp_path)
+    finally:
+        subprocess.run(["docker", "image", "rm", *tags], capture_output=True, check=False)
 
 
 def test_corrupted_entry_is_detected_discarded_and_rebuilt(sample_manifest: Path,

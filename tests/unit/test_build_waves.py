@@ -4,6 +4,7 @@ and each stage's report says how many of its BuildKit steps ran."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -31,6 +32,17 @@ def test_only_what_is_built_splits_the_bakes(sample_plan: Plan) -> None:
         ["python", "pytorch", "torchvision"]]
     assert waves(sample_plan, ["boost", "smddp"]) == [["boost"], ["smddp"]]
     assert waves(sample_plan, []) == []
+
+
+def test_a_stage_target_built_now_gets_its_image_from_the_stored_artifact(
+        sample_plan: Plan) -> None:
+    # nccl is not an image: its image is its artifact, made by a last bake that reads what
+    # the first stored, as a build that finds nccl cached makes it.
+    nccl = dataclasses.replace(sample_plan, target="nccl")
+    assert waves(nccl, ["efa", "nccl"]) == [["efa", "nccl"], []]
+    assert waves(nccl, []) == []
+    # An image stage's artifact is the whole image: the bake that builds it also tags it.
+    assert waves(sample_plan, ["smddp"])[-1] == ["smddp"]
 
 
 def test_an_early_bake_makes_no_image(sample_plan: Plan, tmp_path: Path) -> None:
