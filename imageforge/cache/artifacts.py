@@ -31,6 +31,8 @@ from imageforge.cache.keylock import locked
 from imageforge.errors import CacheError
 
 _CHUNK = 1 << 20
+# Per entry: (size, mtime, inode) of each blob known to match its digest.
+STAMPS = "verified.json"
 _DEFAULT_ENGINE = ImageStore()
 
 
@@ -119,7 +121,7 @@ class ArtifactStore:
             return self._verify_image(entry)
         # A blob hashed before and not touched since (same size, mtime and inode) is not
         # hashed again: a no-op rebuild stays fast however large the image.
-        stamps_path = entry.path / "verified.json"
+        stamps_path = entry.path / STAMPS
         try:
             stamps = json.loads(stamps_path.read_text())
         except (OSError, ValueError):
@@ -198,13 +200,20 @@ class ArtifactStore:
                   layout: Path, digest: str, build_seconds: float) -> Entry:
         (staged / "blobs" / "sha256").mkdir(parents=True)
         size = 0
+        stamps: dict[str, list[int]] = {}
         for blob in _blob_files(layout):
             if not _blob_ok(blob):
                 raise CacheError(f"BuildKit exported a blob of {stage} whose content does "
                                  f"not match its name ({blob.name}); rebuild it.")
-            size += self._link_shared(blob, staged / "blobs" / "sha256" / blob.name)
+            dest = staged / "blobs" / "sha256" / blob.name
+            size += self._link_shared(blob, dest)
+            # Hashed just now, so verify (every build that reuses the entry) need not hash it
+            # again; not a shared copy stored earlier (another inode): these bytes were not read.
+            if dest.stat().st_ino == blob.stat().st_ino:
+                stamps[blob.name] = _stamp(dest)
         for name in ("oci-layout", "index.json"):
             shutil.copyfile(layout / name, staged / name)
+        jsonfile.write_json(staged / STAMPS, stamps, sort_keys=True)
         now = time.time()
         entry = Entry(key=key, stage=stage, inputs=dict(inputs), size=size, digest=digest,
                       build_seconds=round(build_seconds, 2), created=now, last_used=now,

@@ -22,7 +22,7 @@ from types import FrameType
 import pytest
 
 from imageforge.cache import artifacts
-from imageforge.cache.artifacts import ArtifactStore, Entry
+from imageforge.cache.artifacts import STAMPS, ArtifactStore, Entry
 from imageforge.errors import CacheError
 from tests.oci_layout import key_of, oci_layout
 
@@ -151,6 +151,28 @@ def test_verify_trusts_a_blob_whose_stamp_is_unchanged(tmp_path: Path) -> None:
     os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
     # Not hashed again: the stamp (size, mtime, inode) says it is the verified file.
     assert store.verify(entry.key) == entry
+
+
+def test_an_added_entry_is_trusted_without_hashing_its_new_blobs_again(tmp_path: Path) -> None:
+    # add hashes every blob BuildKit exported: the first build that reuses the entry must not
+    # hash them all again (seconds for a large image).
+    store = ArtifactStore(tmp_path / "store")
+    first = _add(store, tmp_path, "a", b"layer-a" * 100)
+    layer = first.path / "blobs/sha256" / hashlib.sha256(b"layer-a" * 100).hexdigest()
+    shared = hashlib.sha256(SHARED).hexdigest()
+    stamps = json.loads((first.path / STAMPS).read_text())
+    assert sorted(stamps) == sorted(p.name for p in (first.path / "blobs/sha256").iterdir())
+    before = layer.stat()
+    with layer.open("r+b") as handle:
+        handle.write(b"X")
+    os.utime(layer, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert store.verify(first.key) == first
+    # A second entry links the shared copy stored before: add never read those bytes, so
+    # they are not stamped, and verify hashes them once.
+    second = _add(store, tmp_path, "b", b"layer-b" * 100)
+    assert shared not in json.loads((second.path / STAMPS).read_text())
+    (store.blobs / shared).write_bytes(b"corrupt")
+    assert store.verify(second.key) is None
 
 
 def test_verify_discards_an_entry_without_its_index(tmp_path: Path,
