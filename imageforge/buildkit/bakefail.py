@@ -36,9 +36,10 @@ def explain(output: str, *, cache: Path, push: str | None = None) -> FatalError 
         return DockerError(f"BuildKit ran out of disk space {where}; free space on Docker's "
                            "disk (e.g. `docker builder prune`) and run the build again.")
     if push and "failed to push" in output:
-        return RegistryError(f"pushing {push} failed ({cause(output)}); the stages built but "
-                             "nothing was tagged or stored: run the build again once the "
-                             "registry answers.")
+        # Not "nothing stored": a build of several bakes stored the earlier ones' stages
+        # (and a stage target's own), which the next run reads instead of building again.
+        return RegistryError(f"pushing {push} failed ({cause(output)}); no image was tagged "
+                             "or pushed: run the build again once the registry answers.")
     return None
 
 

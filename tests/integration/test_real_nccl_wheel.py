@@ -10,6 +10,7 @@ import json
 import subprocess
 import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,15 @@ COMMITTED = MANIFEST.with_name("torch211-nccl-wheel.lock.json")
 # The nccl stage needs no CUDA toolkit to unpack NCCL nor to call ncclGetVersion: the plain
 # Debian base stands in for the CUDA one (only the base entry of the lock moves).
 BASE = "image.base=imageforge/base:bookworm"
-ASSEMBLE = "cp -a /out/. / && ldconfig"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[str, str]:
-    """The build's output and the image's tag: the committed manifest and lock, the NCCL pin
-    and wheel as locked from PyPI."""
+def built(tmp_path_factory: pytest.TempPathFactory,
+          cache_dir: Path) -> Iterator[tuple[str, str]]:
+    """The build's output and the tag of an image that has the stage: the committed manifest
+    and lock, the NCCL pin and wheel as locked from PyPI. nccl is not an image target: its
+    build is tagged as its exports (/out on scratch), which are laid over the base as an
+    image's assembly does (and ldconfig run)."""
     folder = tmp_path_factory.mktemp("nccl-wheel")
     manifest = folder / MANIFEST.name
     manifest.write_text(MANIFEST.read_text())
@@ -40,7 +43,14 @@ def built(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[st
     result = invoke("build", "--manifest", str(manifest), "--set", BASE, "--target", "nccl",
                     "--tag", tag, "--progress", "plain", cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout + result.stderr, tag
+    assembled = f"{tag}-assembled"
+    dockerfile = f"FROM {BASE.split('=', 1)[1]}\nCOPY --from={tag} /out/ /\nRUN ldconfig\n"
+    made = subprocess.run(["docker", "build", "--quiet", "--tag", assembled, "--file", "-",
+                           str(folder)], input=dockerfile, text=True, capture_output=True,
+                          check=False, timeout=600)
+    assert made.returncode == 0, made.stderr[-4000:]
+    yield result.stdout + result.stderr, assembled
+    subprocess.run(["docker", "image", "rm", tag, assembled], capture_output=True, check=False)
 
 
 def test_the_lock_pins_the_wheels_nccl_by_pypis_sha256() -> None:
@@ -54,9 +64,7 @@ def test_the_lock_pins_the_wheels_nccl_by_pypis_sha256() -> None:
 
 
 def test_every_nccl_check_passes_in_the_image(built: tuple[str, str], cache_dir: Path) -> None:
-    """The nccl stage's own checks (what test-image runs in an image that has the stage). nccl
-    is not an image target: its build holds its files under /out, so each check first lays
-    them over / as an image's assembly does (and runs ldconfig)."""
+    """The nccl stage's own checks (what test-image runs in an image that has the stage)."""
     output, tag = built
     assert "nvcc" not in output   # nothing was compiled
     settings = Workspace(registry=STAGES, manifest=MANIFEST, overrides=(BASE,),
@@ -68,7 +76,7 @@ def test_every_nccl_check_passes_in_the_image(built: tuple[str, str], cache_dir:
         "nccl.h declares the pinned version", "exactly one libnccl visible to the dynamic linker"}
     for check in checks:
         run = subprocess.run(["docker", "run", "--rm", "--entrypoint", "bash", tag, "-c",
-                              f"{ASSEMBLE}\n{check.script}"], capture_output=True, text=True,
+                              check.script], capture_output=True, text=True,
                              check=False, timeout=120)
         assert run.returncode == 0, f"{check.name}: {run.stdout}{run.stderr}"
 
@@ -83,7 +91,7 @@ def test_the_library_loaded_is_the_wheels_own_file(built: tuple[str, str],
     line = next(row for row in record.splitlines()
                 if row.startswith("nvidia/nccl/lib/libnccl.so.2,"))
     digest = base64.urlsafe_b64decode(line.split(",")[1].removeprefix("sha256=") + "==").hex()
-    script = (f"{ASSEMBLE} && cd /usr/local/lib && ls libnccl* && "
+    script = ("cd /usr/local/lib && ls libnccl* && "
               "readlink -f libnccl.so.2 libnccl.so && "
               "sha256sum libnccl.so.2.28.9 && python3 -c 'import ctypes; c = ctypes.c_int(); "
               "ctypes.CDLL(\"libnccl.so.2\").ncclGetVersion(ctypes.byref(c)); print(c.value)'")

@@ -143,9 +143,11 @@ def test_build_remote_keeps_its_build_when_the_registry_fails_during_its_push(
     assert statuses["nccl"] == "remote"
 
 
-def test_build_push_to_a_failing_registry_exits_12_and_stores_nothing(
+def test_build_push_to_a_failing_registry_exits_12_and_the_rerun_only_pushes(
         sample_manifest: Path, registry: str, dockerd2: SecondDockerd,
         tmp_path: Path) -> None:
+    # nccl is not an image target: its artifact is stored by the bake that builds it, and a
+    # last bake makes the pushed image from that artifact. The push fails in that last bake.
     builders = dockerd2.builders()
     build = ("build", "--target", "nccl", "--manifest", str(sample_manifest), "--progress",
              "plain", "--push")
@@ -156,14 +158,16 @@ def test_build_push_to_a_failing_registry_exits_12_and_stores_nothing(
     # The whole sentence: the cause is BuildKit's last words only, no URL, no upload token.
     said = re.fullmatch(rf"imageforge: error: pushing {re.escape(tag)} failed "
                         r"\((?P<cause>[^()]+)\); "
-                        r"the stages built but nothing was tagged or stored: run the build "
-                        r"again once the registry answers\.", last)
+                        r"no image was tagged or pushed: run the build again once the "
+                        r"registry answers\.", last)
     assert said is not None, last
     assert not any(part in said["cause"] for part in ("://", "/v2/", "uploads", "_state")), last
-    assert entries(tmp_path) == []
+    stored = entries(tmp_path)
+    assert len(stored) == 1
     assert_cache_consistent(tmp_path)
     assert_engine_clean(dockerd2, builders)
     tag = f"{registry}/img-{RUN}/nccl:1"
-    code, _, last = run(dockerd2, tmp_path, *build, "--tag", tag)
+    code, out, last = run(dockerd2, tmp_path, *build, "--tag", tag)
     assert code == 0, last
-    assert len(entries(tmp_path)) == 1
+    assert entries(tmp_path) == stored
+    assert re.search(r"^nccl +cached ", out, re.MULTILINE), out
