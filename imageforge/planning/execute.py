@@ -11,6 +11,7 @@ from typing import Any
 
 from imageforge.model.imageref import registry_host
 from imageforge.model.stage import Stage
+from imageforge.planning.artifact import ARTIFACT_PREFIX, exports_block, full_artifact_stages
 from imageforge.planning.plan import Plan, PlannedStage
 from imageforge.planning.render import render_dockerfile
 
@@ -24,22 +25,15 @@ FINAL = "imageforge-image"
 # no compressed copy of them. The image itself, under --push, is compressed as usual.
 UNCOMPRESSED = "compression=uncompressed"
 LOCAL_IMAGE = f"type=docker,{UNCOMPRESSED}"
-ARTIFACT_PREFIX = "imageforge-artifact-"
 # The SOURCE_DATE_EPOCH of every build step, artifact and image: 1980-01-01, the earliest
 # time a zip (a wheel) can hold. One constant, not the lock's date, because an artifact is
 # shared by every lock whose pins give the same key: same key, same bytes. The image's
 # org.opencontainers.image.created label still carries the lock's date.
 SOURCE_DATE_EPOCH = 315532800
-# OCI layouts: BuildKit clamps every file time newer than SOURCE_DATE_EPOCH to it. The
-# engine's own image exporter refuses this option (it unpacks what it stores).
+# Whole-image OCI layouts (image_artifacts = "oci-layout"): BuildKit clamps every file time
+# newer than SOURCE_DATE_EPOCH to it. The engine's own image exporter refuses this option (it
+# unpacks what it stores).
 REWRITE_TIMESTAMP = "rewrite-timestamp=true"
-
-
-def full_artifact_stages(registry: Mapping[str, Stage]) -> set[str]:
-    """Stages whose artifact must be the whole image: those others are built FROM, and
-    images. Every other stage's artifact holds only its exports (a FROM scratch image)."""
-    return {s.parent for s in registry.values() if s.parent} | {
-        name for name, s in registry.items() if s.image}
 
 
 def whole_images(plan: Plan, building: list[str]) -> list[str]:
@@ -149,9 +143,7 @@ def make_run(plan: Plan, registry: Mapping[str, Stage], building: list[str],
         if name in full:
             artifact_targets[name] = name
             continue
-        lines = [f"FROM scratch AS {ARTIFACT_PREFIX}{name}"]
-        lines += [f"COPY --from={name} {path} {path}" for path in registry[name].exports]
-        blocks.append((f"artifact of {name}", "\n".join(lines) + "\n"))
+        blocks.append((f"artifact of {name}", exports_block(name, registry[name].exports)))
         artifact_targets[name] = ARTIFACT_PREFIX + name
     if final:
         blocks.append(("image", f"FROM {plan.target} AS {FINAL}\n"))
@@ -224,10 +216,12 @@ def bake_file(run: Run, *, workdir: Path, tag: str | None, labels: Mapping[str, 
                 "attest": ["type=provenance,disabled=true"],
             }
         else:
+            # An exports-only artifact clamped its file times itself (artifact.exports_block).
+            clamp = "" if target.startswith(ARTIFACT_PREFIX) else f"{REWRITE_TIMESTAMP},"
             targets[f"artifact-{stage}"] = {
                 **common, "target": target,
                 "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false,"
-                           f"{REWRITE_TIMESTAMP},{UNCOMPRESSED}"],
+                           f"{clamp}{UNCOMPRESSED}"],
             }
         if layer_cache is not None:
             # The stage itself (not its artifact), so the mode applies to its own steps.

@@ -19,6 +19,7 @@ from imageforge.model.inputs import stage_inputs
 from imageforge.model.manifest import Manifest
 from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import Context, Stage, chosen_deps, keyed_inputs
+from imageforge.planning.artifact import exports_block, full_artifact_stages
 from imageforge.planning.render import render_stage
 
 Status = Literal["cached", "remote", "build"]
@@ -106,12 +107,16 @@ def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
             paths[name] = registry[name].env_paths(context)
         return paths[name]
 
+    full = full_artifact_stages(registry)
     for name in names:
         stage = registry[name]
         recipe = render_stage(stage, context, registry, paths_of)
         deps = direct_deps(stage)
+        # The recipe rendered for the stage: its block, and its artifact's when that is made
+        # by text of its own (its exports).
+        keyed = recipe if name in full else recipe + exports_block(name, stage.exports)
         keys[name] = stage_key(
-            name=name, recipe=recipe, inputs=keyed_inputs(stage, inputs[name]), manifest=manifest,
+            name=name, recipe=keyed, inputs=keyed_inputs(stage, inputs[name]), manifest=manifest,
             dep_keys={d: keys[d] for d in deps},
         )
         planned.append(PlannedStage(

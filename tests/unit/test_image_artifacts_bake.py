@@ -48,9 +48,9 @@ def test_image_artifacts_go_to_the_image_store_and_the_others_to_layouts(
     assert targets["artifact-efa"]["attest"] == ["type=provenance,disabled=true"]
     assert targets["artifact-smddp"]["output"] == [
         f"type=image,name={named['smddp']},compression=uncompressed"]
+    # nccl's exports clamped their file times in a step of their own (artifact.exports_block).
     assert targets["artifact-nccl"]["output"] == [
-        f"type=oci,dest={tmp_path / 'nccl'},tar=false,rewrite-timestamp=true,"
-        "compression=uncompressed"]
+        f"type=oci,dest={tmp_path / 'nccl'},tar=false,compression=uncompressed"]
     assert "attest" not in targets["artifact-nccl"]
     assert targets["image"]["output"] == ["type=docker,compression=uncompressed"]
     pushed = bake_file(run, workdir=tmp_path, tag="t", labels={}, platform="linux/amd64",

@@ -20,13 +20,15 @@ from imageforge.app.workspace import Workspace
 from imageforge.cache import verified
 from imageforge.cache.layoutdiff import first_difference, top_digest
 from imageforge.errors import UsageError
+from imageforge.model.stage import keyed_inputs
+from imageforge.planning.artifact import exports_block
 from imageforge.planning.execute import (
     SOURCE_DATE_EPOCH,
     bake_file,
     fresh_cache_mounts,
     make_run,
 )
-from imageforge.planning.plan import Plan
+from imageforge.planning.plan import Plan, stage_key
 from stages import STAGES, discover
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,11 +140,35 @@ def test_every_built_stage_reads_the_one_epoch(sample_plan: Plan, tmp_path: Path
     # The same value in every target: a difference would make BuildKit run steps twice.
     assert {json.dumps(t["args"]) for t in spec["target"].values()} == {
         json.dumps({"SOURCE_DATE_EPOCH": "315532800"})}
+    # nccl's exports clamp their file times in a build step: BuildKit's rewrite-timestamp
+    # re-tars a layer at 14-20 MB/s. The engine's image exporter refuses the option anyway.
     assert spec["target"]["artifact-nccl"]["output"] == [
-        f"type=oci,dest={tmp_path / 'nccl'},tar=false,rewrite-timestamp=true,"
-        "compression=uncompressed"]
-    # The engine's image exporter refuses rewrite-timestamp.
+        f"type=oci,dest={tmp_path / 'nccl'},tar=false,compression=uncompressed"]
     assert "rewrite-timestamp" not in spec["target"]["artifact-efa"]["output"][0]
+    assert ("FROM nccl AS imageforge-clamp-nccl\nARG SOURCE_DATE_EPOCH\nUSER root\n"
+            "RUN --network=none mkdir /imageforge-export && cp -a --parents /out "
+            "/imageforge-export/ \\\n    && find /imageforge-export -newermt "
+            '"@${SOURCE_DATE_EPOCH}" -exec touch -h -d "@${SOURCE_DATE_EPOCH}" {} +\n'
+            "FROM scratch AS imageforge-artifact-nccl\n"
+            "COPY --from=imageforge-clamp-nccl /imageforge-export/ /\n") in run.dockerfile
+
+
+def test_how_an_exports_only_artifact_is_made_is_in_its_key(sample_plan: Plan) -> None:
+    # Its Dockerfile text is rendered for the stage: another way of making the artifact gives
+    # other bytes, so it must give another key. A whole-image artifact is the stage itself.
+    nccl = sample_plan.stage("nccl")
+    exports = exports_block("nccl", sample_plan.registry["nccl"].exports)
+    assert nccl.key == stage_key(
+        name="nccl", recipe=nccl.recipe + exports,
+        inputs=keyed_inputs(sample_plan.registry["nccl"], nccl.inputs),
+        manifest=sample_plan.manifest, dep_keys={d: sample_plan.stage(d).key for d in nccl.deps})
+    # A stage that exports nothing has an empty artifact: nothing to copy or clamp.
+    assert exports_block("nothing", ()) == "FROM scratch AS imageforge-artifact-nothing\n"
+    efa = sample_plan.stage("efa")
+    assert efa.key == stage_key(
+        name="efa", recipe=efa.recipe,
+        inputs=keyed_inputs(sample_plan.registry["efa"], efa.inputs),
+        manifest=sample_plan.manifest, dep_keys={d: sample_plan.stage(d).key for d in efa.deps})
 
 
 def test_a_declared_stage_shows_in_the_plan(sample_plan: Plan) -> None:
