@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -245,6 +246,22 @@ def assert_engine_clean(engine: SecondDockerd, builders: list[str]) -> None:
 def docker_out(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, text=True,
                           check=True).stdout.strip()
+
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def derive(context: Path, tag: str, dockerfile: str) -> str:
+    """`tag`, built by the engine's own builder from `dockerfile` (the host's CA bundle
+    as the ca-bundle secret, for steps that reach PyPI)."""
+    # dedent, not a strip of every line: a heredoc's script keeps its indentation.
+    text = textwrap.dedent(dockerfile).strip() + "\n"
+    result = subprocess.run(["docker", "build", "--quiet", "--tag", tag, "--file", "-",
+                             "--secret", f"id=ca-bundle,src={CA_BUNDLE}", str(context)],
+                            input=text, text=True, capture_output=True, check=False,
+                            timeout=1800)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return tag
 
 
 def untag_run(run: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 from imageforge.app import project
 from imageforge.app.workspace import Workspace
 from stages import STAGES
-from tests.integration.conftest import ROOT, docker_out, invoke
+from tests.integration.conftest import ROOT, derive, docker_out, invoke
 
 RUN = uuid.uuid4().hex[:8]
 MANIFEST = ROOT / "manifests" / "torch211-nccl-wheel.toml"
@@ -43,12 +43,11 @@ def built(tmp_path_factory: pytest.TempPathFactory,
     result = invoke("build", "--manifest", str(manifest), "--set", BASE, "--target", "nccl",
                     "--tag", tag, "--progress", "plain", cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    assembled = f"{tag}-assembled"
-    dockerfile = f"FROM {BASE.split('=', 1)[1]}\nCOPY --from={tag} /out/ /\nRUN ldconfig\n"
-    made = subprocess.run(["docker", "build", "--quiet", "--tag", assembled, "--file", "-",
-                           str(folder)], input=dockerfile, text=True, capture_output=True,
-                          check=False, timeout=600)
-    assert made.returncode == 0, made.stderr[-4000:]
+    assembled = derive(folder, f"{tag}-assembled", f"""
+        FROM {BASE.split('=', 1)[1]}
+        COPY --from={tag} /out/ /
+        RUN ldconfig
+        """)
     yield result.stdout + result.stderr, assembled
     subprocess.run(["docker", "image", "rm", tag, assembled], capture_output=True, check=False)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import textwrap
 import uuid
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from imageforge.app.workspace import Workspace
 from imageforge.model.stage import Check
 from imageforge.planning.plan import Plan
 from stages import STAGES
-from tests.integration.conftest import ROOT, docker_out, invoke, untagging
+from tests.integration.conftest import ROOT, derive, docker_out, invoke, untagging
 
 RUN = uuid.uuid4().hex[:8]
 MANIFEST = ROOT / "manifests" / "torch211-nccl-wheel.toml"
@@ -45,8 +44,6 @@ LOADED = "import torch maps one libnccl, the NCCL wheel's, at NCCL 2.28.9"
 # Outside the session clean-up's names (tests/engine_cleanup.py), as test_runlocal_job's
 # toolkit image.
 KEPT = "imageforge-testkit/torch-wheel"
-# pip in the broken images' builds reaches PyPI through the host's CA bundle, as a secret.
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # Another release of the same NCCL wheel, for the image whose library is not the pin.
 OTHER_NCCL = "2.28.7"
 # One DistributedDataParallel step on each host over gloo (the hosts reach each other by the
@@ -156,17 +153,6 @@ def image(manifest: Path, cache_dir: Path, keys: dict[str, str], planned: Plan,
     # rest of the suite gets the disk back now, not when the session ends.
     subprocess.run(["docker", "image", "rm", *stages.values()], capture_output=True,
                    check=False)
-    return tag
-
-
-def derive(context: Path, tag: str, dockerfile: str) -> str:
-    # dedent, not a strip of every line: a heredoc's script keeps its indentation.
-    text = textwrap.dedent(dockerfile).strip() + "\n"
-    result = subprocess.run(["docker", "build", "--quiet", "--tag", tag, "--file", "-",
-                             "--secret", f"id=ca-bundle,src={CA_BUNDLE}", str(context)],
-                            input=text, text=True, capture_output=True, check=False,
-                            timeout=1800)
-    assert result.returncode == 0, result.stderr[-4000:]
     return tag
 
 
