@@ -14,11 +14,13 @@ from imageforge.app.workspace import Workspace
 from imageforge.buildkit.bake import Invocation, absolute_if_local, builder_args
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cache.artifacts import ArtifactStore
+from imageforge.cache.remote import Remote
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
     LayerCache,
     bake_file,
     fresh_cache_mounts,
+    image_layer_cache,
     make_run,
     whole_images,
 )
@@ -39,9 +41,11 @@ class Wave:
 
 def wave(ws: Workspace, options: BuildOptions, store: ArtifactStore,
          planned: Plan, building: list[str], contexts: Mapping[str, str], workdir: Path, *,
-         tag: str | None, sbom_generator: str | None) -> Wave:
+         tag: str | None, sbom_generator: str | None, remote_layers: str | None) -> Wave:
     """The bake that builds `building` from `contexts` in `workdir`, and with a `tag` makes
-    the image (pushed with its SBOM by `sbom_generator` under --push)."""
+    the image (pushed with its SBOM by `sbom_generator` under --push). `remote_layers`: the
+    remote cache repository that also keeps BuildKit's layer cache of image stages (see
+    remote_layer_cache), unless --layer-cache names another."""
     run = make_run(planned, planned.registry, building, contexts, final=tag is not None)
     token = uuid.uuid4().hex[:12] if options.no_cache else None
     images = {n: store.image_ref(n, planned.stage(n).key)
@@ -50,6 +54,8 @@ def wave(ws: Workspace, options: BuildOptions, store: ArtifactStore,
     layers = LayerCache(location=absolute_if_local(ws.layer_cache),
                         modes={n: planned.registry[n].layer_cache for n in building}) \
         if ws.layer_cache else None
+    if layers is None and remote_layers:
+        layers = image_layer_cache(planned, building, remote_layers)
     spec = bake_file(run, workdir=workdir, tag=tag,
                      labels=image_metadata(planned, project.current_lock(ws),
                                            options.revision),
@@ -66,3 +72,13 @@ def wave(ws: Workspace, options: BuildOptions, store: ArtifactStore,
                 bake=Invocation(spec=spec, workdir=workdir, engine=builder_args(options.builder),
                                 metadata=True),
                 images=images, artifact_dirs=artifact_dirs, token=token)
+
+
+def remote_layer_cache(ws: Workspace, remote: Remote | None) -> str | None:
+    """The remote cache's repository, where image stages keep BuildKit's layer cache too
+    (execute.image_layer_cache); None without a remote cache, when the registry did not
+    answer this command (a build then runs from the local cache alone), and under
+    cache_trust = "verified", which reads only artifacts a rebuild verified."""
+    if remote is None or remote.unreachable or ws.verified_in is not None:
+        return None
+    return remote.repository

@@ -271,7 +271,8 @@ def _execute(ws: Workspace, options: BuildOptions, store: ArtifactStore,
                 last = number == len(parts) - 1
                 metadata = _bake_wave(ws, options, store, planned, wave, contexts, env,
                                       clock, progress, scratch / f"bake-{number}",
-                                      tag=tag if last else None, later=later)
+                                      tag=tag if last else None, later=later,
+                                      remote_layers=bakes.remote_layer_cache(ws, remote))
                 # The next bakes read what this one stored, as every later build will.
                 for name in wave:
                     entry = store.get(planned.stage(name).key)
@@ -312,12 +313,14 @@ def _execute(ws: Workspace, options: BuildOptions, store: ArtifactStore,
 def _bake_wave(ws: Workspace, options: BuildOptions, store: ArtifactStore,
                planned: Plan, building: list[str], contexts: Mapping[str, str],
                env: Mapping[str, str], clock: Clock, progress: BuildProgress, workdir: Path,
-               *, tag: str | None, later: set[str]) -> dict[str, Any]:
+               *, tag: str | None, later: set[str], remote_layers: str | None
+               ) -> dict[str, Any]:
     """One bake: build `building` from `contexts`, store their artifacts and, with a `tag`,
     make the image. Returns BuildKit's metadata of the bake."""
     generator = ensure_sbom_generator() if options.push and tag is not None else None
     bake_wave = bakes.wave(ws, options, store, planned, building, contexts, workdir,
-                           tag=tag, sbom_generator=generator)
+                           tag=tag, sbom_generator=generator,
+                           remote_layers=remote_layers)
     images, artifact_dirs, token = bake_wave.images, bake_wave.artifact_dirs, bake_wave.token
     (workdir / "context").mkdir(parents=True)
     (workdir / "Dockerfile").write_text(bake_wave.dockerfile)

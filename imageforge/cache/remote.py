@@ -68,6 +68,9 @@ class Remote:
         default_factory=list, compare=False, repr=False)
     _http_lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock, compare=False, repr=False)
+    # Why the registry did not answer this command, once it did not (warn_unavailable): the
+    # build then goes on from the local cache alone and asks it nothing more.
+    unreachable: list[str] = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     @property
     def host(self) -> str:
@@ -227,6 +230,7 @@ def _write_config(config: Path, hosts: Sequence[str], user: str, password: str) 
 
 
 def warn_unavailable(remote: Remote, why: str) -> None:
+    remote.unreachable.append(why)
     log.warning(f"remote cache {remote.repository} is unreachable ({why}); continuing with "
                 "the local cache only.")
 

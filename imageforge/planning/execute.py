@@ -157,6 +157,9 @@ class LayerCache:
 
     location: str
     modes: Mapping[str, str]   # stage -> "min" | "max"
+    # The remote artifact cache's own layer cache (image_layer_cache): its layers are the
+    # artifacts' blobs, uncompressed, and a failed export costs the build nothing.
+    beside_artifacts: bool = False
 
     def _local(self) -> bool:
         return self.location.startswith(("/", ".")) or registry_host(self.location) is None
@@ -165,13 +168,26 @@ class LayerCache:
         mode = self.modes.get(stage, "min")
         if self._local():
             return f"type=local,dest={Path(self.location) / stage},mode={mode}"
-        return f"type=registry,ref={self.location}/{stage}:buildcache,mode={mode}"
+        extra = f",{UNCOMPRESSED},ignore-error=true" if self.beside_artifacts else ""
+        return f"type=registry,ref={self.location}/{stage}:buildcache,mode={mode}{extra}"
 
     def cache_from(self) -> list[str]:
         if self._local():
             return [f"type=local,src={d}" for d in sorted(Path(self.location).glob("*"))
                     if (d / "index.json").exists()]
         return [f"type=registry,ref={self.location}/{s}:buildcache" for s in sorted(self.modes)]
+
+
+def image_layer_cache(plan: Plan, building: list[str], remote: str) -> LayerCache | None:
+    """BuildKit's layer cache of the image stages of `building`, beside their artifacts in
+    the remote cache (`<remote>/<stage>:buildcache`, mode=min). An image stage gathers every
+    artifact it reads (FROM, COPY --from) before its own steps: on a runner that starts
+    empty, a change of its own pin alone would redo that gathering, which BuildKit's
+    registry cache of the image's steps gives back as layers instead. Its blobs are the
+    image artifact's own (same repository, uncompressed), so exporting it pushes little
+    more than a manifest."""
+    images = {n: "min" for n in building if plan.registry[n].image}
+    return LayerCache(location=remote, modes=images, beside_artifacts=True) if images else None
 
 
 def bake_file(run: Run, *, workdir: Path, tag: str | None, labels: Mapping[str, str], platform: str,
@@ -223,7 +239,7 @@ def bake_file(run: Run, *, workdir: Path, tag: str | None, labels: Mapping[str, 
                 "output": [f"type=oci,dest={artifact_dirs[stage]},tar=false,"
                            f"{clamp}{UNCOMPRESSED}"],
             }
-        if layer_cache is not None:
+        if layer_cache is not None and stage in layer_cache.modes:
             # The stage itself (not its artifact), so the mode applies to its own steps.
             targets[f"layer-cache-{stage}"] = {
                 **common, "target": stage, "output": ["type=cacheonly"],

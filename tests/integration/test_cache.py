@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from tests.cache_consistency import assert_cache_consistent, sha256_of
 from tests.integration.conftest import (
@@ -81,6 +83,33 @@ def test_fresh_local_cache_with_warm_registry_builds_nothing(
                     "--remote", remote, cache=tmp_path / "c", env=registry_env())
     assert pulled.returncode == 0, pulled.stderr
     assert len(entries(tmp_path / "c")) == len(statuses)  # every stage but base
+
+
+def test_an_image_pin_change_on_an_empty_engine_runs_only_its_own_step(
+        sample_manifest: Path, registry: str, dockerd2: SecondDockerd, upstream: str,
+        tmp_path: Path) -> None:
+    """A CI runner that starts empty, changing only the image stage's own pin (smddp's
+    wheel): every stage it reads comes from the remote cache, and BuildKit's cache of the
+    image's own steps, kept beside its artifact there, answers every step before the pip
+    install. Without it, the runner would copy every artifact into the image again."""
+    remote = f"{registry}/layers-{RUN}"
+    warm = build(sample_manifest, tmp_path / "a", "--remote", remote, env=registry_env())
+    assert warm.returncode == 0, warm.stderr
+    wheel = requests.get(f"{upstream}/files/smdistributed_dataparallel-1.4.1-cp311-cp311-"
+                         "linux_x86_64.whl", timeout=30)
+    wheel.raise_for_status()
+    dockerd2.docker("builder", "prune", "-af")
+    changed = build(sample_manifest, tmp_path / "b", "--remote", remote,
+                    "--set", "stages.smddp.version=1.4.1",
+                    "--set", f"stages.smddp.sha256={hashlib.sha256(wheel.content).hexdigest()}",
+                    env={**registry_env(), **dockerd2.env})
+    assert changed.returncode == 0, changed.stderr
+    report = sorted((tmp_path / "b" / "reports").glob("*-smddp.json"))[-1]
+    stages = {s["name"]: s for s in json.loads(report.read_text())["stages"]}
+    assert {n for n, s in stages.items() if s["state"] == "built"} == {"smddp"}
+    assert {s["state"] for n, s in stages.items() if n not in ("base", "smddp")} == {"remote"}
+    assert stages["smddp"]["steps"] >= 10
+    assert stages["smddp"]["steps_run"] == 1, (stages["smddp"], changed.stderr[-3000:])
 
 
 def test_registry_credentials_are_required_and_never_printed(

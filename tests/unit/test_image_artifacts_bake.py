@@ -3,15 +3,19 @@ and where a build's time goes (Clock, BuildKit's export share)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import pytest
 
+from imageforge.app.bakes import remote_layer_cache
+from imageforge.app.workspace import Workspace
 from imageforge.buildkit.progress import BuildProgress
 from imageforge.buildkit.results import BuildResult, Clock, StageResult, as_noop
 from imageforge.cache.artifacts import ArtifactStore
-from imageforge.planning.execute import bake_file, make_run, whole_images
+from imageforge.cache.remote import Remote, warn_unavailable
+from imageforge.planning.execute import bake_file, image_layer_cache, make_run, whole_images
 from imageforge.planning.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,3 +114,42 @@ def test_the_noop_of_a_build_is_every_stage_cached_in_no_time() -> None:
     assert (noop.seconds, noop.report, noop.phases, noop.image_digest) == (0.0, None, {},
                                                                            "sha256:1")
     assert noop.rebuilt == []
+
+
+def test_image_stages_keep_their_layer_cache_beside_their_artifacts(
+        sample_plan: Plan, tmp_path: Path) -> None:
+    """With a remote cache, a bake that builds an image stage reads and writes BuildKit's
+    cache of that stage's own steps in the stage's repository there: uncompressed (the
+    artifact's blobs), and never failing the build. Other stages get none."""
+    remote = "registry.example:5000/team/cache"
+    building = ["nccl", "smddp"]
+    layers = image_layer_cache(sample_plan, building, remote)
+    assert layers is not None
+    run = make_run(sample_plan, sample_plan.registry, building, {})
+    bake = bake_file(run, workdir=tmp_path, tag="t", labels={}, platform="linux/amd64",
+                     push=False, artifact_dirs={"nccl": tmp_path / "nccl"},
+                     artifact_images={"smddp": "imageforge-artifact/x/smddp:1"},
+                     layer_cache=layers)
+    targets = bake["target"]
+    ref = f"{remote}/smddp:buildcache"
+    assert targets["layer-cache-smddp"]["cache-to"] == [
+        f"type=registry,ref={ref},mode=min,compression=uncompressed,ignore-error=true"]
+    assert targets["layer-cache-smddp"]["target"] == "smddp"
+    assert targets["layer-cache-smddp"]["output"] == ["type=cacheonly"]
+    assert "layer-cache-nccl" not in targets
+    for name in ("image", "artifact-smddp", "artifact-nccl", "layer-cache-smddp"):
+        assert targets[name]["cache-from"] == [f"type=registry,ref={ref}"]
+    # A bake of builder stages alone has nothing to cache there.
+    assert image_layer_cache(sample_plan, ["nccl", "boost"], remote) is None
+
+
+def test_the_remote_keeps_layers_only_while_it_answers_and_trust_allows(tmp_path: Path) -> None:
+    ws = Workspace(registry={}, cache_dir=tmp_path, remote="registry.example:5000/cache")
+    remote = Remote(repository="registry.example:5000/cache")
+    assert remote_layer_cache(ws, None) is None
+    assert remote_layer_cache(ws, remote) == "registry.example:5000/cache"
+    # cache_trust = "verified" reads only artifacts a rebuild verified.
+    assert remote_layer_cache(dataclasses.replace(ws, trust_verified=True), remote) is None
+    # Once the registry did not answer, the build asks it nothing more.
+    warn_unavailable(remote, "connection refused")
+    assert remote_layer_cache(ws, remote) is None
