@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from imageforge.errors import ManifestError
@@ -20,7 +20,7 @@ from imageforge.model.manifest import Manifest
 from imageforge.model.sourcetypes import Source
 from imageforge.model.stage import Context, Stage, chosen_deps, keyed_inputs
 from imageforge.planning.artifact import exports_block, full_artifact_stages
-from imageforge.planning.render import render_stage
+from imageforge.planning.render import Memo, render_stage
 
 Status = Literal["cached", "remote", "build"]
 
@@ -100,17 +100,11 @@ def make_plan(manifest: Manifest, target: str, registry: Mapping[str, Stage],
     context = Context(image=manifest.image, stages={**settings, **inputs})
     keys: dict[str, str] = {}
     planned: list[PlannedStage] = []
-    paths: dict[str, Mapping[str, Sequence[str]]] = {}
-
-    def paths_of(name: str) -> Mapping[str, Sequence[str]]:
-        if name not in paths:
-            paths[name] = registry[name].env_paths(context)
-        return paths[name]
-
+    memo = Memo(context, registry)
     full = full_artifact_stages(registry)
     for name in names:
         stage = registry[name]
-        recipe = render_stage(stage, context, registry, paths_of)
+        recipe = render_stage(stage, context, registry, memo)
         deps = direct_deps(stage)
         # The recipe rendered for the stage: its block, and its artifact's when that is made
         # by text of its own (its exports).

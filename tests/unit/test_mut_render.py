@@ -1,13 +1,14 @@
 """A stage's Dockerfile block (imageforge/planning/render.py) when the caller passes no memo of the
-stages' search paths: render_stage asks each stage for them with the plan's context, and the
-block is the same as with make_plan's memo."""
+stages' COPY lines and search paths: render_stage asks each stage for them with the plan's
+context, and the block is the same as with a memo make_plan shares between stages."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from imageforge.model.stage import Context, Stage
-from imageforge.planning.render import render_stage
+from imageforge.planning.render import Memo, render_stage
 
 BASE = Stage(name="base", doc="the base image", deps=(), fields={}, recipe=lambda _ctx: "",
              parent=None)
@@ -31,10 +32,16 @@ def test_without_a_memo_each_stage_gives_its_paths_for_the_context() -> None:
         "RUN app\n")
 
 
-def test_a_memo_gives_the_same_block() -> None:
-    memo: dict[str, Mapping[str, Sequence[str]]] = {}
+def test_a_memo_gives_the_same_block_and_asks_each_stage_once() -> None:
+    asked: list[str] = []
 
-    def paths_of(name: str) -> Mapping[str, Sequence[str]]:
-        return memo.setdefault(name, REGISTRY[name].env_paths(CONTEXT))
+    def lib_paths(ctx: Context) -> Mapping[str, Sequence[str]]:
+        asked.append("lib")
+        return LIB.env_paths(ctx)
 
-    assert render_stage(APP, CONTEXT, REGISTRY, paths_of) == render_stage(APP, CONTEXT, REGISTRY)
+    registry = {**REGISTRY, "lib": dataclasses.replace(LIB, env_paths=lib_paths)}
+    memo = Memo(CONTEXT, registry)
+    first = render_stage(APP, CONTEXT, registry, memo)
+    assert first == render_stage(APP, CONTEXT, registry, memo) == render_stage(APP, CONTEXT,
+                                                                              REGISTRY)
+    assert asked == ["lib"]
