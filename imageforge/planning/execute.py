@@ -4,6 +4,7 @@ cache, the Dockerfile and the bake file that say so."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -160,34 +161,47 @@ class LayerCache:
     # The remote artifact cache's own layer cache (image_layer_cache): its layers are the
     # artifacts' blobs, uncompressed, and a failed export costs the build nothing.
     beside_artifacts: bool = False
+    # Stage -> the tag of its cache in a registry repository; "buildcache" where none.
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def _local(self) -> bool:
         return self.location.startswith(("/", ".")) or registry_host(self.location) is None
+
+    def _ref(self, stage: str) -> str:
+        return f"{self.location}/{stage}:{self.tags.get(stage, 'buildcache')}"
 
     def cache_to(self, stage: str) -> str:
         mode = self.modes.get(stage, "min")
         if self._local():
             return f"type=local,dest={Path(self.location) / stage},mode={mode}"
         extra = f",{UNCOMPRESSED},ignore-error=true" if self.beside_artifacts else ""
-        return f"type=registry,ref={self.location}/{stage}:buildcache,mode={mode}{extra}"
+        return f"type=registry,ref={self._ref(stage)},mode={mode}{extra}"
 
     def cache_from(self) -> list[str]:
         if self._local():
             return [f"type=local,src={d}" for d in sorted(Path(self.location).glob("*"))
                     if (d / "index.json").exists()]
-        return [f"type=registry,ref={self.location}/{s}:buildcache" for s in sorted(self.modes)]
+        return [f"type=registry,ref={self._ref(s)}" for s in sorted(self.modes)]
 
 
 def image_layer_cache(plan: Plan, building: list[str], remote: str) -> LayerCache | None:
     """BuildKit's layer cache of the image stages of `building`, beside their artifacts in
-    the remote cache (`<remote>/<stage>:buildcache`, mode=min). An image stage gathers every
-    artifact it reads (FROM, COPY --from) before its own steps: on a runner that starts
-    empty, a change of its own pin alone would redo that gathering, which BuildKit's
-    registry cache of the image's steps gives back as layers instead. Its blobs are the
-    image artifact's own (same repository, uncompressed), so exporting it pushes little
-    more than a manifest."""
+    the remote cache (mode=min). An image stage gathers every artifact it reads (FROM, COPY
+    --from) before its own steps: on a runner that starts empty, a change of its own pin
+    alone would redo that gathering, which BuildKit's registry cache of the image's steps
+    gives back as layers instead. Its blobs are the image artifact's own (same repository,
+    uncompressed), so exporting it pushes little more than a manifest.
+
+    Its tag is `buildcache-` and a digest of the keys of the stages it reads: what its
+    gathering steps depend on, not its own pin. One tag per stage would hold whichever
+    build ran last (a boost bump's image), and a later change of the image's own pin alone
+    would find nothing in it."""
     images = {n: "min" for n in building if plan.registry[n].image}
-    return LayerCache(location=remote, modes=images, beside_artifacts=True) if images else None
+    tags = {n: "buildcache-" + hashlib.sha256("\n".join(sorted(
+        plan.stage(d).key for d in read_by(plan, [n]))).encode()).hexdigest()[:16]
+        for n in images}
+    return LayerCache(location=remote, modes=images, beside_artifacts=True, tags=tags) \
+        if images else None
 
 
 def bake_file(run: Run, *, workdir: Path, tag: str | None, labels: Mapping[str, str], platform: str,

@@ -4,6 +4,7 @@ and where a build's time goes (Clock, BuildKit's export share)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 
@@ -131,7 +132,8 @@ def test_image_stages_keep_their_layer_cache_beside_their_artifacts(
                      artifact_images={"smddp": "imageforge-artifact/x/smddp:1"},
                      layer_cache=layers)
     targets = bake["target"]
-    ref = f"{remote}/smddp:buildcache"
+    ref = f"{remote}/smddp:{layers.tags['smddp']}"
+    assert re.fullmatch(r"buildcache-[0-9a-f]{16}", layers.tags["smddp"])
     assert targets["layer-cache-smddp"]["cache-to"] == [
         f"type=registry,ref={ref},mode=min,compression=uncompressed,ignore-error=true"]
     assert targets["layer-cache-smddp"]["target"] == "smddp"
@@ -141,6 +143,24 @@ def test_image_stages_keep_their_layer_cache_beside_their_artifacts(
         assert targets[name]["cache-from"] == [f"type=registry,ref={ref}"]
     # A bake of builder stages alone has nothing to cache there.
     assert image_layer_cache(sample_plan, ["nccl", "boost"], remote) is None
+
+
+def test_an_image_layer_cache_is_tagged_by_what_it_gathers_not_its_own_pin(
+        sample_plan: Plan) -> None:
+    """A new SMDDP wheel finds the cache the cold build wrote; a boost bump (another
+    gathering) writes one of its own instead of replacing it."""
+    def tag(plan: Plan) -> str:
+        layers = image_layer_cache(plan, ["smddp"], "registry.example:5000/cache")
+        assert layers is not None
+        return layers.tags["smddp"]
+
+    def with_key(plan: Plan, stage: str, key: str) -> Plan:
+        return dataclasses.replace(plan, stages=tuple(
+            dataclasses.replace(s, key=key) if s.name == stage else s for s in plan.stages))
+
+    assert tag(with_key(sample_plan, "smddp", "sha256:" + "1" * 64)) == tag(sample_plan)
+    assert tag(with_key(sample_plan, "boost", "sha256:" + "2" * 64)) != tag(sample_plan)
+    assert tag(with_key(sample_plan, "efa", "sha256:" + "3" * 64)) != tag(sample_plan)
 
 
 def test_the_remote_keeps_layers_only_while_it_answers_and_trust_allows(tmp_path: Path) -> None:
