@@ -14,7 +14,6 @@ from imageforge.app.workspace import Workspace
 from imageforge.buildkit.bake import Invocation, absolute_if_local, builder_args
 from imageforge.buildkit.results import BuildOptions
 from imageforge.cache.artifacts import ArtifactStore
-from imageforge.cache.remote import Remote
 from imageforge.planning.dockerfile import CA_BUNDLE_SECRET
 from imageforge.planning.execute import (
     LayerCache,
@@ -74,11 +73,11 @@ def wave(ws: Workspace, options: BuildOptions, store: ArtifactStore,
                 images=images, artifact_dirs=artifact_dirs, token=token)
 
 
-def remote_layer_cache(ws: Workspace, remote: Remote | None) -> str | None:
+def remote_layer_cache(ws: Workspace, *, answered: bool = True) -> str | None:
     """The remote cache's repository, where image stages keep BuildKit's layer cache too
     (execute.image_layer_cache); None without a remote cache, when the registry did not
-    answer this command (a build then runs from the local cache alone), and under
-    cache_trust = "verified", which reads only artifacts a rebuild verified."""
-    if remote is None or remote.unreachable or ws.verified_in is not None:
+    answer this command (`answered`: a build then runs from the local cache alone), and
+    under cache_trust = "verified", which reads only artifacts a rebuild verified."""
+    if not ws.remote or not answered or ws.verified_in is not None:
         return None
-    return remote.repository
+    return ws.remote

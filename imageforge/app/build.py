@@ -266,13 +266,15 @@ def _execute(ws: Workspace, options: BuildOptions, store: ArtifactStore,
         with progress:
             # No stage to build (only the image to make again): one bake of the image.
             parts = waves(planned, building) or [[]]
+            remote_layers = bakes.remote_layer_cache(
+                ws, answered=remote is not None and not remote.unreachable)
             for number, wave in enumerate(parts):
                 later = {n for part in parts[number + 1:] for n in part}
                 last = number == len(parts) - 1
                 metadata = _bake_wave(ws, options, store, planned, wave, contexts, env,
                                       clock, progress, scratch / f"bake-{number}",
                                       tag=tag if last else None, later=later,
-                                      remote_layers=bakes.remote_layer_cache(ws, remote))
+                                      remote_layers=remote_layers)
                 # The next bakes read what this one stored, as every later build will.
                 for name in wave:
                     entry = store.get(planned.stage(name).key)

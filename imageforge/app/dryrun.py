@@ -39,7 +39,7 @@ def print_dry_run(ws: Workspace, planned: Plan, options: BuildOptions,
         bake = bakes.wave(ws, options, store, planned, part, contexts,
                           workdir / f"bake-{number}", tag=tag if last else None,
                           sbom_generator=SBOM_GENERATOR if options.push and last else None,
-                          remote_layers=ws.remote if ws.verified_in is None else None)
+                          remote_layers=bakes.remote_layer_cache(ws))
         print("+ " + shlex.join(bake.bake.argv()))
         print(f"# bake.json ({', '.join(part) or 'the image'})")
         print(json.dumps(bake.bake.spec, indent=2))

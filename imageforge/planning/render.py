@@ -8,7 +8,6 @@ gathers them.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
@@ -88,14 +87,8 @@ def _from_line(stage: Stage, ctx: Context) -> str:
 
 def copy_text(dep: Stage) -> str:
     """The COPY lines that bring `dep`'s exports into another stage ("" when it has none)."""
-    return _copy_text(dep.name, dep.exports)
-
-
-@functools.cache
-def _copy_text(name: str, exports: tuple[str, ...]) -> str:
-    """The COPY lines that bring stage `name`'s exports into another stage."""
-    return "\n".join(f"COPY --from={name} {EXPORT_ROOT}/ /" if path == EXPORT_ROOT else
-                     f"COPY --from={name} {path} {path}" for path in exports)
+    return "\n".join(f"COPY --from={dep.name} {EXPORT_ROOT}/ /" if path == EXPORT_ROOT else
+                     f"COPY --from={dep.name} {path} {path}" for path in dep.exports)
 
 
 def _env(stage: Stage, ctx: Context, registry: Mapping[str, Stage], needed: list[str],

@@ -165,11 +165,11 @@ def test_an_image_layer_cache_is_tagged_by_what_it_gathers_not_its_own_pin(
 
 def test_the_remote_keeps_layers_only_while_it_answers_and_trust_allows(tmp_path: Path) -> None:
     ws = Workspace(registry={}, cache_dir=tmp_path, remote="registry.example:5000/cache")
-    remote = Remote(repository="registry.example:5000/cache")
-    assert remote_layer_cache(ws, None) is None
-    assert remote_layer_cache(ws, remote) == "registry.example:5000/cache"
+    assert remote_layer_cache(dataclasses.replace(ws, remote=None)) is None
+    assert remote_layer_cache(ws) == "registry.example:5000/cache"
     # cache_trust = "verified" reads only artifacts a rebuild verified.
-    assert remote_layer_cache(dataclasses.replace(ws, trust_verified=True), remote) is None
+    assert remote_layer_cache(dataclasses.replace(ws, trust_verified=True)) is None
     # Once the registry did not answer, the build asks it nothing more.
+    remote = Remote(repository="registry.example:5000/cache")
     warn_unavailable(remote, "connection refused")
-    assert remote_layer_cache(ws, remote) is None
+    assert remote_layer_cache(ws, answered=not remote.unreachable) is None
