@@ -1,18 +1,25 @@
-"""`invoke render --format bake`: the docker-bake.json that `docker buildx bake` accepts."""
+"""`invoke render --format bake`: the docker-bake.json that `docker buildx bake` accepts.
+
+The plain bake runs on this worker's own engine (dockerd2), not the host's. With the docker
+driver, bake hands each `target:` context to the next target as an untagged image in the
+engine (`moby-dangling@<digest>`), and the engine deletes that name as soon as any other
+build names an image of the same digest or removes it. Beside the suite's other workers on
+the host engine, CI once saw the bake fail with "failed to solve: not found"."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from pathlib import Path
 
-from tests.integration.conftest import docker_out, invoke
+from tests.integration.conftest import SecondDockerd, invoke
 
 
 def test_rendered_bake_file_builds_the_image_with_plain_bake(sample_manifest: Path,
-                                                             cache_dir: Path,
-                                                             tmp_path: Path) -> None:
+                                                             cache_dir: Path, tmp_path: Path,
+                                                             dockerd2: SecondDockerd) -> None:
     fetched = invoke("fetch", "--target", "efa-nccl", "--manifest", str(sample_manifest),
                      cache=cache_dir)
     assert fetched.returncode == 0, fetched.stderr
@@ -28,14 +35,15 @@ def test_rendered_bake_file_builds_the_image_with_plain_bake(sample_manifest: Pa
     built = subprocess.run(
         ["docker", "buildx", "bake", "-f", str(bake_file), "--set", f"efa-nccl.tags={tag}",
          "--set", "efa-nccl.output=type=docker", "--progress", "plain", "efa-nccl"],
-        cwd=tmp_path, capture_output=True, text=True, check=False, timeout=900)
+        cwd=tmp_path, env={**os.environ, **dockerd2.env}, capture_output=True, text=True,
+        check=False, timeout=900)
     assert built.returncode == 0, built.stderr[-3000:]
     try:
-        out = docker_out("run", "--rm", "--entrypoint", "bash", tag, "-c",
-                         "all_reduce_perf -b 8 -e 128 -f 2 -g 1 && ls /usr/local/lib")
-        assert "libnccl-net.so" in out
-        labels = json.loads(docker_out("image", "inspect", "--format",
-                                       "{{json .Config.Labels}}", tag))
+        out = dockerd2.docker("run", "--rm", "--entrypoint", "bash", tag, "-c",
+                              "all_reduce_perf -b 8 -e 128 -f 2 -g 1 && ls /usr/local/lib")
+        assert "libnccl-net.so" in out.stdout
+        labels = json.loads(dockerd2.docker("image", "inspect", "--format",
+                                            "{{json .Config.Labels}}", tag).stdout)
         assert labels["io.imageforge.target"] == "efa-nccl"
     finally:
-        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, check=False)
+        dockerd2.docker("image", "rm", "-f", tag, check=False)
