@@ -15,8 +15,7 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-
-import requests
+from typing import TYPE_CHECKING
 
 from imageforge.stageapi import (
     DEFAULT_POLICY,
@@ -27,6 +26,9 @@ from imageforge.stageapi import (
     redact,
     repotree,
 )
+
+if TYPE_CHECKING:
+    import requests
 
 SUBMODULE = "third_party/nccl/nccl"
 PIN_DIR = ".ci/docker/ci_commit_pins"

@@ -19,9 +19,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import requests
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
-
 from imageforge import cachedir, jsonfile, log
 from imageforge.app import project, verify
 from imageforge.app.build import build
@@ -380,6 +377,8 @@ def _publish_matrix(report: MatrixNightly, options: NightlyOptions) -> None:
 
 def notify(url: str, report: Nightly) -> None:
     """POST the summary; retried on network errors and 5xx, never fails the nightly."""
+    import requests
+
     payload = {"text": f"imageforge nightly {report.target}: {report.status}",
                "report": to_json(report)}
     try:
@@ -395,6 +394,8 @@ class _ServerError(Exception):
 
 
 def _post(url: str, payload: dict[str, Any]) -> None:
+    import requests
+
     response = requests.post(url, json=payload, timeout=(5, 30))
     if response.status_code >= 500:
         raise _ServerError(f"HTTP {response.status_code}")
@@ -402,6 +403,9 @@ def _post(url: str, payload: dict[str, Any]) -> None:
 
 
 def _retrying(call: Callable[[], T]) -> T:
+    import requests
+    from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
     wrapped = retry(
         retry=retry_if_exception_type((requests.ConnectionError, requests.Timeout, _ServerError)),
         stop=stop_after_attempt(4), wait=wait_exponential_jitter(multiplier=0.5, max=5),

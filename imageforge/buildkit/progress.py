@@ -16,11 +16,11 @@ import sys
 import time
 from collections.abc import Collection, Iterable
 from datetime import datetime
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.table import Table
 
 State = Literal["waiting", "building", "cached", "remote", "built", "failed"]
 Mode = Literal["auto", "plain", "json", "tty"]
@@ -120,6 +120,10 @@ class BuildProgress:
 
     def __enter__(self) -> BuildProgress:
         if self.mode == "tty":
+            # rich only on a terminal: CI and pipes never pay for its import.
+            from rich.console import Console
+            from rich.live import Live
+
             self._live = Live(self._table(), console=Console(file=self.out), refresh_per_second=4)
             self._live.__enter__()
         return self
@@ -219,6 +223,8 @@ class BuildProgress:
                   file=self.out, flush=True)
 
     def _table(self) -> Table:
+        from rich.table import Table
+
         table = Table(title="imageforge build", expand=False)
         for column in ("stage", "state", "seconds"):
             table.add_column(column)

@@ -20,11 +20,12 @@ import ssl
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from imageforge.cmd import run
+
+if TYPE_CHECKING:
+    import requests
 
 # What a tag may point at: an image or an index, in OCI and docker media types. The registry
 # answers with the digest of what it serves, which is what imagetools reports as the manifest.
@@ -57,6 +58,8 @@ class Client:
     scheme and each repository's token are learnt once and shared."""
 
     def __init__(self, host: str, env: Mapping[str, str]) -> None:
+        import requests
+
         self.host = host
         self.env = env
         self._session = requests.Session()
@@ -147,6 +150,8 @@ class Client:
     def _request(self, path: str, name: str, timeout: float, *,
                  challenge: requests.Response | None = None,
                  method: str = "HEAD") -> requests.Response:
+        import requests
+
         headers = {"Accept": ACCEPT}
         if challenge is not None:
             headers["Authorization"] = self._authorization(challenge, name, timeout)
@@ -174,6 +179,8 @@ class Client:
         return ["https", "http"] if _LOOPBACK.fullmatch(self.host) else ["https"]
 
     def _authorization(self, challenge: requests.Response, name: str, timeout: float) -> str:
+        import requests
+
         kind, _, params = challenge.headers.get("WWW-Authenticate", "").partition(" ")
         credentials = self._read_credentials()
         if kind.lower() == "basic":
@@ -275,6 +282,8 @@ def _from_helper(helper: str, host: str, env: Mapping[str, str]) -> tuple[str, s
 def _read_checked(response: requests.Response, digest: str | None) -> bytes:
     """The body of `response`, at most MAX_DOCUMENT bytes, whose sha256 is `digest` (any
     body when None)."""
+    import requests
+
     body = bytearray()
     try:
         for chunk in response.iter_content(65536):

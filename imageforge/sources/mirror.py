@@ -29,12 +29,8 @@ import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
-
-import requests
-from requests.auth import AuthBase, HTTPBasicAuth
-from requests.utils import get_netrc_auth
 
 from imageforge.errors import ManifestError, SourceError
 from imageforge.jsonfile import write_json
@@ -47,6 +43,9 @@ from imageforge.sources.download import download
 from imageforge.sources.locksettle import defined_stages
 from imageforge.sources.sources import SourceCache
 from imageforge.textsafe import redact
+
+if TYPE_CHECKING:
+    import requests
 
 INDEX = "index.json"
 FORMAT = 1
@@ -136,6 +135,8 @@ class Locations:
     def session(self) -> requests.Session | None:
         if self.base is None or not self._token or not self.base.startswith("http"):
             return None
+        import requests
+
         session = requests.Session()
         session.auth = _MirrorAuth(self.base, self._token)
         return session
@@ -208,8 +209,10 @@ def _base(mirror: str) -> str:
     return Path(mirror).expanduser().resolve().as_uri()
 
 
-class _MirrorAuth(AuthBase):
-    """The mirror token for the mirror's host; ~/.netrc for any other host."""
+class _MirrorAuth:
+    """The mirror token for the mirror's host; ~/.netrc for any other host. requests takes
+    any callable as a session's auth; subclassing its AuthBase would import requests with
+    this module."""
 
     def __init__(self, base: str, token: str) -> None:
         self.origin = _origin(base)
@@ -220,6 +223,9 @@ class _MirrorAuth(AuthBase):
         if _origin(url) == self.origin:
             request.headers["Authorization"] = f"Bearer {self.token}"
             return request
+        from requests.auth import HTTPBasicAuth
+        from requests.utils import get_netrc_auth
+
         netrc = get_netrc_auth(url)
         return HTTPBasicAuth(*netrc)(request) if netrc else request
 

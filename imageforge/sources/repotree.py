@@ -12,15 +12,16 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
-
-import requests
 
 from imageforge.errors import SourceError
 from imageforge.sources import gitsource
 from imageforge.sources.download import USER_AGENT, RetryPolicy
 from imageforge.textsafe import redact
+
+if TYPE_CHECKING:
+    import requests
 
 GITHUB_REPO = re.compile(r"https://(?:www\.)?github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?/?")
 
@@ -121,6 +122,8 @@ class GitHubTree:
                               f"({exc}); check your network and run again") from None
 
     def _attempt(self, path: str) -> Any:
+        import requests
+
         url = f"{self.api.rstrip('/')}/repos/{self.owner}/{self.name}/contents/{quote(path)}"
         try:
             with self.http.get(url, params={"ref": self.commit}, headers=self._headers(),
@@ -183,6 +186,8 @@ def open_tree(repo: str, commit: str, mirrors: Path, *, session: requests.Sessio
               commit_key: str) -> Iterator[Tree]:
     """One commit of `repo`: through GitHub's contents API for a github.com repository (no
     clone of a large history), else with git in a cached mirror."""
+    import requests
+
     github = GITHUB_REPO.fullmatch(repo)
     if github is None:
         yield GitTree(repo, commit, mirrors)

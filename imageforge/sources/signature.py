@@ -13,14 +13,16 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-
-import requests
+from typing import TYPE_CHECKING
 
 from imageforge.cmd import run
 from imageforge.errors import SourceError
 from imageforge.model.sourcetypes import Signature
 from imageforge.sources.download import download
 from imageforge.textsafe import redact
+
+if TYPE_CHECKING:
+    import requests
 
 DEFAULT_KEY_URL = "https://efa-installer.amazonaws.com/aws-efa-installer.key"
 

@@ -20,20 +20,13 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import requests
 from filelock import FileLock
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+
+if TYPE_CHECKING:
+    import requests
+    from rich.progress import Progress, TaskID
 
 from imageforge import diskfull
 from imageforge.errors import Interrupted, LockError
@@ -405,6 +398,17 @@ def _reporter(bars: bool) -> Iterator[_Reporter]:
     if not bars:
         yield _Lines()
         return
+    # rich only for a terminal's bars: CI and pipes never pay for its import.
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -21,10 +21,9 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from html.parser import HTMLParser
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urljoin, urlsplit
 
-import requests
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -36,6 +35,9 @@ from imageforge.model.validate import problem
 from imageforge.sources import gitsource, wheelmeta
 from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy
 from imageforge.textsafe import redact
+
+if TYPE_CHECKING:
+    import requests
 
 GITHUB_API = "https://api.github.com"
 PYPI = "https://pypi.org"
@@ -338,6 +340,8 @@ def _get(url: str, *, headers: Mapping[str, str], policy: RetryPolicy,
 
 
 def _attempt(url: str, headers: Mapping[str, str], what: str) -> requests.Response:
+    import requests
+
     try:
         response = requests.get(url, headers=dict(headers), timeout=(10, 60))
     except (requests.ConnectionError, requests.Timeout) as exc:

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from email.parser import BytesParser
 from email.policy import compat32
 from html.parser import HTMLParser
-from typing import BinaryIO, NoReturn
+from typing import TYPE_CHECKING, BinaryIO, NoReturn
 from urllib.parse import unquote, urljoin, urlsplit
 
-import requests
 from packaging import tags
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -34,6 +33,9 @@ from imageforge.errors import ChecksumError, SourceError
 from imageforge.sources import cabundle
 from imageforge.sources.download import DEFAULT_POLICY, USER_AGENT, RetryPolicy
 from imageforge.textsafe import redact
+
+if TYPE_CHECKING:
+    import requests
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, " \
          "text/html;q=0.1"
@@ -81,6 +83,8 @@ class _NoRanges(Exception):
 
 
 def _session(session: requests.Session | None) -> requests.Session:
+    import requests
+
     if session is not None:
         return session
     own = requests.Session()
@@ -95,6 +99,8 @@ def _get(http: requests.Session, url: str, *, timeout: float, policy: RetryPolic
          sink: BinaryIO | None = None) -> requests.Response:
     """GET with retries of transient failures; the body is read (into `sink` when given) only
     when `body(status)` says so, so that a 200 to a range request costs no transfer."""
+    import requests
+
     def attempt() -> requests.Response:
         try:
             with http.get(url, headers={"User-Agent": USER_AGENT, **headers}, stream=True,
