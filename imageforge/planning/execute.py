@@ -197,11 +197,16 @@ def image_layer_cache(plan: Plan, building: list[str], remote: str) -> LayerCach
     build ran last (a boost bump's image), and a later change of the image's own pin alone
     would find nothing in it."""
     images = {n: "min" for n in building if plan.registry[n].image}
-    tags = {n: "buildcache-" + hashlib.sha256("\n".join(sorted(
-        plan.stage(d).key for d in read_by(plan, [n]))).encode()).hexdigest()[:16]
-        for n in images}
-    return LayerCache(location=remote, modes=images, beside_artifacts=True, tags=tags) \
-        if images else None
+    if not images:
+        return None
+    tags = {n: _gathering_tag(plan, n) for n in images}
+    return LayerCache(location=remote, modes=images, beside_artifacts=True, tags=tags)
+
+
+def _gathering_tag(plan: Plan, stage: str) -> str:
+    """`buildcache-` and 16 hex digits of a digest of the keys of the stages `stage` reads."""
+    keys = sorted(plan.stage(name).key for name in read_by(plan, [stage]))
+    return "buildcache-" + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
 
 
 def bake_file(run: Run, *, workdir: Path, tag: str | None, labels: Mapping[str, str], platform: str,
