@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 from imageforge.app import bakes
@@ -40,7 +39,7 @@ def print_dry_run(ws: Workspace, planned: Plan, options: BuildOptions,
                           workdir / f"bake-{number}", tag=tag if last else None,
                           sbom_generator=SBOM_GENERATOR if options.push and last else None,
                           remote_layers=bakes.remote_layer_cache(ws))
-        print("+ " + shlex.join(bake.bake.argv()))
+        print("+ " + bake.bake.command_line())
         print(f"# bake.json ({', '.join(part) or 'the image'})")
         print(json.dumps(bake.bake.spec, indent=2))
         print("# Dockerfile")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import shutil
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,13 @@ from imageforge.errors import (
 
 BAKE_ATTEMPTS = 3
 T = TypeVar("T")
+# Every bake runs with these. buildx would otherwise run seven git commands per target to
+# put the remote URL and commit of the repository around the bake's context into the image's
+# provenance. That context is imageforge's scratch directory in the cache, so the repository
+# is whatever checkout holds the cache: a private address in an image that may be pushed
+# anywhere, and a commit that says nothing of the build (the recipes' revision is labelled:
+# io.imageforge.revision).
+BAKE_ENV: Mapping[str, str] = {"BUILDX_GIT_INFO": "0"}
 
 
 def builder_args(builder: str | None) -> list[str]:
@@ -60,6 +68,10 @@ class Invocation:
         return [docker_binary(), *self.engine, "bake", "-f", str(self.file), "--progress",
                 self.progress, *(["--metadata-file", str(self.metadata_file)]
                                  if self.metadata else [])]
+
+    def command_line(self) -> str:
+        """The bake as a shell runs it, BAKE_ENV included (the dry run prints it)."""
+        return shlex.join([*(f"{k}={v}" for k, v in BAKE_ENV.items()), *self.argv()])
 
     def write(self) -> list[str]:
         """Write the bake file; the argv that runs it."""
@@ -126,7 +138,7 @@ def run_bake(argv: list[str], progress: BuildProgress, env: Mapping[str, str], *
 
 def _bake_once(argv: list[str], progress: BuildProgress, env: Mapping[str, str],
                other: list[str]) -> int:
-    with popen(argv, env=env, error=DockerError) as proc:
+    with popen(argv, env={**env, **BAKE_ENV}, error=DockerError) as proc:
         assert proc.stderr is not None
         try:
             for status in read_statuses(proc.stderr, other):

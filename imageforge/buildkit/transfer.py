@@ -9,7 +9,7 @@ from subprocess import CompletedProcess
 from typing import Any
 
 from imageforge.buildkit import bakefail
-from imageforge.buildkit.bake import Invocation, retried
+from imageforge.buildkit.bake import BAKE_ENV, Invocation, retried
 from imageforge.cache import remote as remote_mod
 from imageforge.cache.artifacts import ArtifactStore
 from imageforge.cache.remote import Remote
@@ -99,7 +99,7 @@ def _bake_quietly(store: ArtifactStore, bake: dict[str, Any], remote: Remote,
                           ).write()
 
         def once() -> CompletedProcess[bytes]:
-            return run(argv, env=remote.env, timeout=3600, error=CacheError,
+            return run(argv, env={**remote.env, **BAKE_ENV}, timeout=3600, error=CacheError,
                        timed_out=f"moving artifacts to or from {remote.repository} took over "
                                  "an hour; check the registry and run again.")
 

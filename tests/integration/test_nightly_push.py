@@ -9,6 +9,7 @@ import functools
 import gzip
 import json
 import secrets
+import subprocess
 import threading
 import uuid
 import xml.etree.ElementTree as ET
@@ -134,6 +135,31 @@ def test_push_keeps_registry_password_and_mirror_token_out_of_everything(
         for path in [*cache_dir.rglob("*"), *fetch_cache.rglob("*"), *temp.rglob("*")]:
             if path.is_file() and path.stat().st_size < 50_000_000:
                 assert secret.encode() not in path.read_bytes(), f"{secret[:6]}... in {path}"
+
+
+def test_pushed_provenance_names_no_repository_around_the_cache(
+        sample_manifest: Path, registry: str, tmp_path: Path) -> None:
+    """buildx puts the git remote and commit of the repository around a bake's context into
+    the image's provenance. imageforge's contexts sit in its cache directory, here inside a
+    checkout of a private repository, whose address must not travel with the image
+    (bake.BAKE_ENV)."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "README").write_text("a team's repository\n")
+    address = f"git.corp.example/platform/private-{RUN}.git"
+    for args in (["init", "-q"], ["remote", "add", "origin", f"https://{address}"],
+                 ["add", "README"],
+                 ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "x"]):
+        subprocess.run(["git", "-C", str(checkout), *args], check=True, capture_output=True)
+    tag = f"{registry}/provenance/efa:{RUN}"
+    result = invoke("build", "--target", "efa", "--manifest", str(sample_manifest), "--push",
+                    "--tag", tag, "--progress", "plain", cache=checkout / "cache",
+                    env=registry_env())
+    assert result.returncode == 0, result.stderr
+    pushed = registry_blobs(registry, "provenance/efa", RUN)
+    assert any(b"https://slsa.dev/provenance" in m for m in pushed.values()), "provenance"
+    for where, data in pushed.items():
+        assert b"git.corp.example" not in data, f"the checkout's remote is in {where}"
 
 
 def test_nightly_builds_tests_pushes_promotes_then_is_up_to_date(
